@@ -1,0 +1,54 @@
+"""The YAML policy language: configuration schema, `when` conditions, evaluation and policy test cases.
+
+    >>> from policies import load_config
+    >>> config = load_config("examples/routing.yaml")
+    >>> sorted(config.policies)
+    ['auto']
+
+Pure: reads its files and nothing else.
+"""
+
+from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
+from policies._expr import Condition, ExpressionError, compile_condition
+from policies._load import Config, load_config, parse_config
+from policies._policy import Action, Block, Decision, Policy, Route, Rule, StateSettings, Step
+from policies._schema import (
+    CacheSettings,
+    ConfigSpec,
+    EmbeddedSettings,
+    EngineSettings,
+    RemoteSettings,
+    UpstreamSettings,
+)
+from policies._testing import PolicyTest, TestResult, build_answer, run_test
+
+__all__ = [
+    "Action",
+    "Block",
+    "CacheSettings",
+    "Condition",
+    "Config",
+    "ConfigError",
+    "ConfigSpec",
+    "Decision",
+    "EmbeddedSettings",
+    "EngineSettings",
+    "EvaluationError",
+    "ExpressionError",
+    "Issue",
+    "Policy",
+    "PolicyError",
+    "PolicyTest",
+    "RemoteSettings",
+    "Route",
+    "Rule",
+    "StateSettings",
+    "Step",
+    "TestResult",
+    "UpstreamSettings",
+    "build_answer",
+    "compile_condition",
+    "load_config",
+    "parse_config",
+    "run_test",
+]

@@ -1,0 +1,351 @@
+"""Reading a configuration file into a validated, frozen `Config`, or a `ConfigError` listing every problem.
+
+    >>> config = load_config("examples/routing.yaml")         # doctest: +SKIP
+    >>> config.policies["auto"].evaluate(answers)             # doctest: +SKIP
+
+Loading is all or nothing: a file with any error yields no `Config`, so a running router that reloads a broken
+file keeps the one it has.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from d3backend import Choice, Noul, Question, Score
+from policies._errors import ConfigError, Issue, Path
+from policies._expr import ExpressionError, compile_condition
+from policies._policy import Block, Policy, Route, Rule, StateSettings
+from policies._schema import (
+    ActionSpec,
+    ConfigSpec,
+    EngineSettings,
+    PolicySpec,
+    QuestionSpec,
+    ScoreSpec,
+    TestCaseSpec,
+    UpstreamSettings,
+)
+from policies._testing import Expectation, PolicyTest, build_answer
+from policies._yaml import Marks, load_yaml
+
+MAX_FILE_BYTES = 4 * 1024 * 1024
+ON_ENGINE_ERROR = "on_engine_error"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A whole, valid configuration. `warnings` lists what is legal but likely a mistake."""
+
+    file: str
+    engine: EngineSettings
+    upstreams: Mapping[str, UpstreamSettings]
+    policies: Mapping[str, Policy]
+    tests: tuple[PolicyTest, ...]
+    warnings: tuple[Issue, ...]
+
+
+def load_config(path: str | os.PathLike[str]) -> Config:
+    """Read and validate the configuration file at `path`."""
+    file = os.fspath(path)
+    try:
+        with open(file, "rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError([Issue(file, None, None, (), f"cannot read the file: {exc.strerror or exc}")]) from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError([Issue(file, None, None, (), f"the file is over {MAX_FILE_BYTES // 2**20} MiB")])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError([Issue(file, None, None, (), f"the file is not UTF-8 (byte {exc.start})")]) from None
+    return parse_config(text, file)
+
+
+def parse_config(text: str, file: str = "<config>") -> Config:
+    """Validate configuration `text`; `file` names it in error messages."""
+    data, marks = load_yaml(text, file)
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [Issue(file, 1, 1, (), f"expected a mapping with `upstreams` and `policies`, found {_kind(data)}")]
+        )
+    try:
+        spec = ConfigSpec.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_sorted(_from_pydantic(exc, marks, file))) from None
+    return _Compiler(spec, marks, file).compile()
+
+
+class _Compiler:
+    """Checks what the schema cannot see (names across sections, conditions, limits) and builds policies."""
+
+    def __init__(self, spec: ConfigSpec, marks: Marks, file: str) -> None:
+        self.spec = spec
+        self.marks = marks
+        self.file = file
+        self.issues: list[Issue] = []
+        self.warnings: list[Issue] = []
+
+    def issue(self, path: Path, message: str, *, warning: bool = False) -> None:
+        line, column = _locate(path, self.marks)
+        (self.warnings if warning else self.issues).append(Issue(self.file, line, column, path, message))
+
+    def compile(self) -> Config:
+        policies: dict[str, Policy] = {}
+        tests: list[PolicyTest] = []
+        for name, policy_spec in self.spec.policies.items():
+            path: Path = ("policies", name)
+            declared = {qid: self.question(q, (*path, "questions", qid)) for qid, q in policy_spec.questions.items()}
+            policy = self.policy(name, policy_spec, declared, path)
+            if policy is not None:
+                policies[name] = policy
+                tests.extend(self.tests(policy, policy_spec, declared, path))
+        if self.issues:
+            raise ConfigError(_sorted(self.issues))
+        return Config(
+            self.file,
+            self.spec.engine,
+            dict(self.spec.upstreams),
+            policies,
+            tuple(tests),
+            tuple(_sorted(self.warnings)),
+        )
+
+    def policy(self, name: str, spec: PolicySpec, declared: dict[str, Question], path: Path) -> Policy | None:
+        rules: list[Rule] = []
+        referenced: set[str] = set()
+        seen: dict[str, int] = {}
+        terminal: str | None = None
+        before = len(self.issues)
+        for index, rule_spec in enumerate(spec.rules):
+            rule_path: Path = (*path, "rules", index)
+            if rule_spec.name in seen:
+                self.issue(
+                    (*rule_path, "name"),
+                    f"rule name {rule_spec.name!r} is already used by rules[{seen[rule_spec.name]}]",
+                )
+            seen[rule_spec.name] = index
+            if terminal is not None:
+                self.issue(
+                    rule_path,
+                    f"rule {rule_spec.name!r} is unreachable: rule {terminal!r} before it always ends the walk",
+                )
+            condition = None
+            if rule_spec.when is not None:
+                try:
+                    condition, names = compile_condition(rule_spec.when, declared)
+                    referenced |= names
+                except ExpressionError as exc:
+                    self.issue((*rule_path, "when"), str(exc))
+            action = self.action(rule_spec, rule_path)
+            if rule_spec.when is None and action is not None and terminal is None:
+                terminal = rule_spec.name
+            rules.append(Rule(rule_spec.name, rule_spec.when, condition, action, rule_spec.tag, rule_spec.set_))
+        last = spec.rules[-1]
+        if last.when is not None or last.route is None:
+            self.issue(
+                (*path, "rules", len(spec.rules) - 1),
+                f"the last rule ({last.name!r}) must be an unconditional route, the policy's default;"
+                " add e.g. `- {name: default, route: <upstream>}`",
+            )
+        fallback = self.on_engine_error(spec.on_engine_error, spec.rules[-1], (*path, ON_ENGINE_ERROR))
+        if len(self.issues) > before or fallback is None:
+            return None
+        unused = tuple(qid for qid in declared if qid not in referenced)
+        for qid in unused:
+            self.issue(
+                (*path, "questions", qid),
+                f"question {qid!r} is not used by any rule; it will not be asked",
+                warning=True,
+            )
+        return Policy(
+            name,
+            spec.description,
+            {qid: q for qid, q in declared.items() if qid in referenced},
+            tuple(rules),
+            fallback,
+            StateSettings(spec.state.from_, spec.state.max_chars),
+            unused,
+        )
+
+    def question(self, spec: QuestionSpec, path: Path) -> Question:
+        if isinstance(spec, ScoreSpec):
+            return Score(spec.instructions, tuple(spec.criteria))
+        if spec.type == "noul":
+            criteria = spec.criteria
+            return Noul(spec.instructions, criteria.true if criteria else None, criteria.false if criteria else None)
+        limit = self.spec.engine.max_choice_options
+        if len(spec.criteria) > limit:
+            self.issue(
+                (*path, "criteria"),
+                f"this choice has {len(spec.criteria)} options; the engine takes at most {limit}"
+                " (engine.max_choice_options: 255 for d3 models, 26 for generative ones)",
+            )
+        return Choice(spec.instructions, dict(spec.criteria))
+
+    def action(self, spec: ActionSpec, path: Path) -> Route | Block | None:
+        if spec.block is not None:
+            return Block(spec.block.status, spec.block.message)
+        if spec.route is None:
+            return None
+        upstreams = (spec.route,) if isinstance(spec.route, str) else tuple(spec.route)
+        for name in upstreams:
+            if name not in self.spec.upstreams:
+                known = ", ".join(map(repr, self.spec.upstreams))
+                self.issue((*path, "route"), f"unknown upstream {name!r}; expected one of {known} (see `upstreams`)")
+        return Route(upstreams)
+
+    def on_engine_error(self, spec: ActionSpec | None, default: ActionSpec, path: Path) -> Rule | None:
+        if spec is None:  # fail open: the policy's default route
+            if default.route is None:
+                return None  # the missing default is reported already
+            spec = ActionSpec(route=default.route)
+        action = self.action(spec, path)
+        if action is None:
+            self.issue(path, "`on_engine_error` must `route` or `block`")
+            return None
+        return Rule(ON_ENGINE_ERROR, None, None, action, spec.tag, spec.set_)
+
+    def tests(self, policy: Policy, spec: PolicySpec, declared: dict[str, Question], path: Path) -> list[PolicyTest]:
+        rule_names = {rule.name for rule in policy.rules} | {ON_ENGINE_ERROR}
+        out: list[PolicyTest] = []
+        for index, case in enumerate(spec.tests):
+            case_path: Path = (*path, "tests", index)
+            answers = {}
+            for qid, value in case.answers.items():
+                question = declared.get(qid)
+                if question is None:
+                    known = ", ".join(map(repr, declared)) or "none"
+                    self.issue((*case_path, "answers", qid), f"unknown question {qid!r}; expected one of {known}")
+                    continue
+                try:
+                    answers[qid] = build_answer(question, value)
+                except ValueError as exc:
+                    self.issue((*case_path, "answers", qid), str(exc))
+            expect = self.expectation(case, rule_names, (*case_path, "expect"))
+            if expect is not None:
+                line, _ = _locate(case_path, self.marks)
+                out.append(PolicyTest(policy.name, index, case.name, line, answers, case.engine_error, expect))
+        return out
+
+    def expectation(self, case: TestCaseSpec, rule_names: set[str], path: Path) -> Expectation | None:
+        spec = case.expect
+        if all(value is None for value in (spec.rule, spec.route, spec.block, spec.tags, spec.set_, spec.degraded)):
+            self.issue(path, "`expect` checks nothing; give `rule`, `route`, `block`, `tags`, `set` or `degraded`")
+            return None
+        if spec.rule is not None and spec.rule not in rule_names:
+            self.issue(
+                (*path, "rule"),
+                f"unknown rule {spec.rule!r}; expected one of {', '.join(map(repr, sorted(rule_names)))}",
+            )
+        route = None
+        if spec.route is not None:
+            route = (spec.route,) if isinstance(spec.route, str) else tuple(spec.route)
+            for name in route:
+                if name not in self.spec.upstreams:
+                    self.issue((*path, "route"), f"unknown upstream {name!r}")
+        if spec.route is not None and spec.block not in (None, False):
+            self.issue(path, "`expect` cannot want both a route and a block")
+        return Expectation(
+            spec.rule, route, isinstance(spec.route, str), spec.block, spec.tags, spec.set_, spec.degraded
+        )
+
+
+# --- pydantic errors to issues ---------------------------------------------------------------------------------
+_TYPE_WORDS = {
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "int_type": "a whole number",
+    "int_parsing": "a whole number",
+    "int_from_float": "a whole number",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "none_required": "null",
+}
+
+
+def _from_pydantic(exc: ValidationError, marks: Marks, file: str) -> list[Issue]:
+    by_path: dict[Path, list[tuple[str, Any]]] = {}
+    for error in exc.errors(include_url=False):
+        path = _resolve(error["loc"], marks)
+        kind = error["type"]
+        ctx = error.get("ctx") or {}
+        if kind == "unknown_key":
+            path = (*path, ctx["offending"])
+        elif kind == "missing":
+            by_path.setdefault(path, []).append(("missing", f"missing required key {error['loc'][-1]!r}"))
+            continue
+        by_path.setdefault(path, []).append((kind, error))
+    issues = []
+    for path, errors in by_path.items():
+        line, column = _locate(path, marks)
+        issues.append(Issue(file, line, column, path, _message(errors)))
+    return issues
+
+
+def _message(errors: list[tuple[str, Any]]) -> str:
+    if errors[0][0] == "missing":
+        return "; ".join(text for _, text in errors)
+    words = [_TYPE_WORDS[kind] for kind, _ in errors if kind in _TYPE_WORDS]
+    if len(words) == len(errors):  # a type mismatch, possibly against each member of a union
+        unique = list(dict.fromkeys(words))
+        return f"expected {' or '.join(unique)}, found {_kind(errors[0][1]['input'])}"
+    kind, error = next((k, e) for k, e in errors if k not in _TYPE_WORDS)
+    if kind == "union_tag_invalid":
+        return f"unknown question type {error['ctx']['tag']!r}; expected 'choice', 'noul' or 'score'"
+    if kind == "union_tag_not_found":
+        return "missing `type`; expected 'choice', 'noul' or 'score'"
+    if kind == "literal_error":
+        return f"expected one of {error['ctx']['expected']}, found {error['input']!r}"
+    message: str = error["msg"]
+    if kind.startswith(("greater", "less", "too_", "string_too")):
+        message = f"{message[0].lower()}{message[1:]}, found {_short(error['input'])}"
+    return message.removeprefix("Value error, ")
+
+
+def _resolve(loc: tuple[str | int, ...], marks: Marks) -> Path:
+    """Map a pydantic location to a key path of the file, skipping pydantic's own union-member labels."""
+    path: Path = ()
+    for part in loc:
+        candidate = (*path, part)
+        if candidate in marks:
+            path = candidate
+        elif isinstance(part, str) and (*path, part.lower()) in marks:
+            path = (*path, part.lower())
+    return path
+
+
+def _locate(path: Path, marks: Marks) -> tuple[int | None, int | None]:
+    while path and path not in marks:
+        path = path[:-1]
+    return marks.get(path, (None, None))
+
+
+def _sorted(issues: list[Issue]) -> list[Issue]:
+    return sorted(issues, key=lambda issue: (issue.line or 0, issue.column or 0))
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"{str(value).lower()}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return _short(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."

@@ -1,0 +1,133 @@
+"""Compiled policies and their evaluation.
+
+A policy walks its rules in order. A rule whose condition holds (or that has none) applies: its `tag` and `set`
+accumulate (a later rule's value for the same key wins), and if it routes or blocks the walk ends there. The
+last rule is an unconditional route, so every walk ends with a `Decision`:
+
+    >>> decision = policy.evaluate(engine_answers)          # doctest: +SKIP
+    >>> decision.rule, decision.action                       # doctest: +SKIP
+    ('hard-code', Route(upstreams=('large', 'small')))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+from d3backend import Answer, Question
+from policies._errors import EvaluationError
+from policies._expr import Condition
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Send the request to the first upstream that answers, in this order."""
+
+    upstreams: tuple[str, ...]
+    kind: Literal["route"] = field(default="route", init=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """Refuse the request with an OpenAI-shaped error."""
+
+    status: int
+    message: str
+    kind: Literal["block"] = field(default="block", init=False)
+
+
+Action = Route | Block
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    when: str | None
+    condition: Condition | None = field(repr=False, compare=False)
+    action: Action | None
+    tags: Mapping[str, str]
+    params: Mapping[str, Any]
+
+
+class Step(NamedTuple):
+    """One rule tried: `matched` is its condition's value (always true for an unconditional rule)."""
+
+    rule: str
+    when: str | None
+    matched: bool
+
+
+class Decision(NamedTuple):
+    """The outcome of a policy: the action, the rule that chose it, and what the rules added on the way.
+
+    A named tuple rather than a frozen dataclass: one is built per request, and this builds 6x faster.
+    """
+
+    policy: str
+    rule: str
+    action: Action
+    tags: Mapping[str, str]
+    params: Mapping[str, Any]
+    trace: tuple[Step, ...]
+    degraded: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StateSettings:
+    source: Literal["last_user", "conversation", "json"]
+    max_chars: int
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A compiled policy. `questions` holds only those its rules read: the ones to ask the engine."""
+
+    name: str
+    description: str | None
+    questions: Mapping[str, Question]
+    rules: tuple[Rule, ...]
+    on_engine_error: Rule
+    state: StateSettings
+    unused_questions: tuple[str, ...] = ()
+
+    def evaluate(self, answers: Mapping[str, Answer]) -> Decision:
+        """Walk the rules over `answers`; raise `EvaluationError` if a condition reads a missing answer."""
+        tags: dict[str, str] = {}
+        params: dict[str, Any] = {}
+        trace: list[Step] = []
+        for rule in self.rules:
+            if rule.condition is not None:
+                try:
+                    matched = bool(rule.condition(answers))
+                except KeyError as exc:
+                    raise EvaluationError(
+                        f"rule {rule.name!r} of policy {self.name!r} reads {exc.args[0]!r}, which has no answer"
+                    ) from None
+                trace.append(Step(rule.name, rule.when, matched))
+                if not matched:
+                    continue
+            else:
+                trace.append(Step(rule.name, None, True))
+            if rule.tags:
+                tags.update(rule.tags)
+            if rule.params:
+                params.update(rule.params)
+            if rule.action is not None:
+                return Decision(self.name, rule.name, rule.action, tags, params, tuple(trace))
+        # Unreachable for a loaded policy: its last rule is an unconditional route.
+        raise EvaluationError(f"policy {self.name!r} has no default route")
+
+    def engine_failed(self) -> Decision:
+        """The decision when the engine could not answer: `on_engine_error`, marked degraded."""
+        rule = self.on_engine_error
+        assert rule.action is not None  # the loader always gives it one
+        return Decision(
+            self.name,
+            rule.name,
+            rule.action,
+            dict(rule.tags),
+            dict(rule.params),
+            (Step(rule.name, None, True),),
+            degraded=True,
+        )

@@ -1,0 +1,371 @@
+"""The configuration file's schema: pydantic models at the trust boundary, strict about unknown keys.
+
+These models check the file's shape and types; `_load.py` then checks what crosses sections (route names,
+`when` conditions, engine limits, test cases) and compiles policies. `d3router schema` prints their JSON Schema.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from d3backend import D3_MAX_OPTIONS, MAX_QUESTIONS, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
+
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
+_RESERVED_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "content-type",
+        "authorization",
+        "cookie",
+        "set-cookie",
+    }
+)
+_QUESTION_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_PARAMS = frozenset({"model", "messages", "stream"})
+
+
+class Strict(BaseModel):
+    """Base of every section: frozen, unknown keys refused with the closest known key suggested."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = [field.alias or name for name, field in cls.model_fields.items()]
+            for key in data:
+                if key not in known:
+                    close = difflib.get_close_matches(str(key), known, n=1)
+                    hint = f"did you mean {close[0]!r}? " if close else ""
+                    raise PydanticCustomError(
+                        "unknown_key",
+                        "unknown key {key}; {hint}expected one of {known}",
+                        {"key": repr(key), "hint": hint, "known": ", ".join(known), "offending": str(key)},
+                    )
+        return data
+
+
+# --- engine ---------------------------------------------------------------------------------------------------
+class EmbeddedSettings(Strict):
+    """vLLM built inside the router's process (the default)."""
+
+    model: str = Field("vllm-sr/d3-mini", min_length=1, description="Model name or local directory.")
+    served_model_name: str | None = None
+    max_model_len: int | None = Field(None, gt=0)
+    dtype: str = "auto"
+    kv_cache_memory_bytes: str | int | None = Field(None, description="e.g. 256M; leave unset on GPUs.")
+    args: list[str] = Field(default_factory=list, description="Extra `vllm serve` arguments.")
+
+
+class RemoteSettings(Strict):
+    """One or more vLLM servers serving `/v1/systemone`."""
+
+    urls: list[str] = Field(min_length=1, description="Base URLs, e.g. http://d3-a:8000")
+    model: str | None = Field(None, description="Served model name; discovered from /v1/models if unset.")
+    timeout_s: float = Field(2.0, gt=0)
+    connect_timeout_s: float = Field(0.5, gt=0)
+    api_key_env: str | None = Field(None, description="Environment variable holding a bearer key.")
+
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            _check_url(url)
+        return urls
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, name: str | None) -> str | None:
+        return _check_env(name)
+
+
+class CacheSettings(Strict):
+    max_entries: int = Field(10_000, ge=0, description="0 turns the decision cache off.")
+    ttl_s: float = Field(600.0, gt=0)
+
+
+class EngineSettings(Strict):
+    embedded: EmbeddedSettings | None = None
+    remote: RemoteSettings | None = None
+    cache: CacheSettings = CacheSettings()
+    max_choice_options: int = Field(
+        D3_MAX_OPTIONS,
+        ge=2,
+        le=D3_MAX_OPTIONS,
+        description="Options a choice may have: 255 for d3 models, 26 for generative models (labels A..Z).",
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> EngineSettings:
+        if self.embedded is not None and self.remote is not None:
+            raise PydanticCustomError("engine_kind", "set `embedded` or `remote`, not both")
+        return self
+
+    @property
+    def kind(self) -> Literal["embedded", "remote"]:
+        return "remote" if self.remote is not None else "embedded"
+
+
+# --- upstreams ------------------------------------------------------------------------------------------------
+class UpstreamSettings(Strict):
+    """An OpenAI-compatible chat backend."""
+
+    url: str = Field(description="Base URL including /v1, e.g. http://127.0.0.1:8001/v1")
+    model: str | None = Field(None, description="Model name sent upstream; unset keeps the client's.")
+    api_key_env: str | None = Field(None, description="Environment variable holding the upstream's key.")
+    timeout_s: float = Field(600.0, gt=0, description="Read timeout: the longest gap between bytes.")
+    connect_timeout_s: float = Field(5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        return _check_url(url).rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, name: str | None) -> str | None:
+        return _check_env(name)
+
+
+# --- questions ------------------------------------------------------------------------------------------------
+class ChoiceSpec(Strict):
+    type: Literal["choice"]
+    instructions: str | None = None
+    criteria: dict[str, str | None] = Field(description="Option name -> description (or null), in order.")
+
+    @field_validator("criteria", mode="before")
+    @classmethod
+    def _names(cls, criteria: Any) -> Any:
+        if isinstance(criteria, dict):
+            for name in criteria:
+                if not isinstance(name, str) or not name.strip():
+                    raise PydanticCustomError(
+                        "option_name",
+                        "option names must be non-empty strings, found {name}{hint}",
+                        {"name": repr(name), "hint": "; quote it" if isinstance(name, bool | int | float) else ""},
+                    )
+            if len(criteria) < 2:
+                raise PydanticCustomError(
+                    "options", "a choice needs at least 2 options, found {n}", {"n": len(criteria)}
+                )
+        return criteria
+
+
+class NoulCriteria(Strict):
+    true: str | None = Field(None, description="What yes means.")
+    false: str | None = Field(None, description="What no means.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bool_keys(cls, data: Any) -> Any:
+        # YAML reads the unquoted keys `true`/`false` as booleans.
+        if isinstance(data, dict):
+            return {str(k).lower() if isinstance(k, bool) else k: v for k, v in data.items()}
+        return data
+
+
+class NoulSpec(Strict):
+    type: Literal["noul"]
+    instructions: str | None = None
+    criteria: NoulCriteria | None = None
+
+
+class ScoreSpec(Strict):
+    type: Literal["score"]
+    instructions: str | None = None
+    criteria: list[str] = Field(
+        min_length=MIN_SCORE_LEVELS, max_length=MAX_SCORE_LEVELS, description="Level names, lowest first."
+    )
+
+    @field_validator("criteria")
+    @classmethod
+    def _levels(cls, levels: list[str]) -> list[str]:
+        for level in levels:
+            if not level.strip():
+                raise PydanticCustomError("level", "score levels must be non-empty")
+        duplicates = sorted({level for level in levels if levels.count(level) > 1})
+        if duplicates:
+            raise PydanticCustomError(
+                "level", "score levels must be unique; repeated: {d}", {"d": ", ".join(map(repr, duplicates))}
+            )
+        return levels
+
+
+QuestionSpec = Annotated[ChoiceSpec | NoulSpec | ScoreSpec, Field(discriminator="type")]
+
+
+# --- rules ----------------------------------------------------------------------------------------------------
+class BlockSpec(Strict):
+    status: int = Field(403, ge=400, le=499, description="A 4xx status.")
+    message: str = Field("Refused by policy.", min_length=1)
+
+
+Tags = dict[str, str]
+Params = dict[str, Any]
+
+
+class ActionSpec(Strict):
+    """What a rule does: route (an upstream or a fallback list), block, and optionally tag and set."""
+
+    route: str | list[str] | None = Field(None, description="An upstream name, or a list tried in order.")
+    block: BlockSpec | None = None
+    tag: Tags = Field(default_factory=dict, description="Headers added upstream and to the response.")
+    set_: Params = Field(default_factory=dict, alias="set", description="Request parameters to set.")
+
+    @field_validator("route")
+    @classmethod
+    def _route(cls, route: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(route, list):
+            if not route:
+                raise PydanticCustomError("route", "a route list needs at least one upstream")
+            if len(set(route)) != len(route):
+                raise PydanticCustomError("route", "a route list names an upstream twice")
+        return route
+
+    @field_validator("tag")
+    @classmethod
+    def _tags(cls, tags: Tags) -> Tags:
+        for name, value in tags.items():
+            if not _HEADER_NAME.match(name):
+                raise PydanticCustomError("header", "invalid header name {n}", {"n": repr(name)})
+            lowered = name.lower()
+            if lowered in _RESERVED_HEADERS or lowered.startswith("x-d3-"):
+                raise PydanticCustomError(
+                    "header", "header {n} is reserved; pick another name, e.g. 'x-team'", {"n": repr(name)}
+                )
+            if any(ch in value for ch in "\r\n\0") or not value.isprintable():
+                raise PydanticCustomError(
+                    "header", "the value of header {n} holds a control character", {"n": repr(name)}
+                )
+        return tags
+
+    @field_validator("set_")
+    @classmethod
+    def _params(cls, params: Params) -> Params:
+        for name in params:
+            if name in _RESERVED_PARAMS:
+                raise PydanticCustomError(
+                    "param",
+                    "`set` cannot change {n}: `route` picks the model and the client owns the rest",
+                    {"n": repr(name)},
+                )
+        return params
+
+    @model_validator(mode="after")
+    def _route_or_block(self) -> ActionSpec:
+        if self.route is not None and self.block is not None:
+            raise PydanticCustomError("action", "a rule either routes or blocks, not both")
+        return self
+
+
+class RuleSpec(ActionSpec):
+    name: str = Field(min_length=1)
+    when: str | None = Field(
+        None, description='A condition over the answers, e.g. kind == "code" and difficulty >= 1.5'
+    )
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _when(cls, when: Any) -> Any:
+        if isinstance(when, bool | int | float):
+            raise PydanticCustomError("when", "`when` takes a condition as text, found {v}", {"v": repr(when)})
+        return when
+
+    @model_validator(mode="after")
+    def _does_something(self) -> RuleSpec:
+        if self.route is None and self.block is None and not self.tag and not self.set_:
+            raise PydanticCustomError(
+                "action", "rule {n} does nothing; give it `route`, `block`, `tag` or `set`", {"n": repr(self.name)}
+            )
+        return self
+
+
+class StateSpec(Strict):
+    from_: Literal["last_user", "conversation", "json"] = Field(
+        "last_user", alias="from", description="What the engine reads: the last user turn, a transcript, or JSON."
+    )
+    max_chars: int = Field(6000, gt=0, description="State budget; oldest text is cut first, and said so.")
+
+
+class ExpectSpec(Strict):
+    rule: str | None = None
+    route: str | list[str] | None = None
+    block: bool | int | None = Field(None, description="true, or the expected status.")
+    tags: Tags | None = None
+    set_: Params | None = Field(None, alias="set")
+    degraded: bool | None = None
+
+
+class TestCaseSpec(Strict):
+    name: str | None = None
+    answers: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Per question: a number for a noul (P(yes)) or a score (expected level), an option name "
+        "for a choice, or a mapping of probabilities.",
+    )
+    engine_error: bool = Field(False, description="Test what happens when the engine fails.")
+    expect: ExpectSpec
+
+
+class PolicySpec(Strict):
+    description: str | None = None
+    state: StateSpec = StateSpec()
+    on_engine_error: ActionSpec | None = Field(
+        None, description="What to do when the engine fails; defaults to the policy's default route."
+    )
+    questions: dict[str, QuestionSpec] = Field(default_factory=dict, max_length=MAX_QUESTIONS)
+    rules: list[RuleSpec] = Field(min_length=1)
+    tests: list[TestCaseSpec] = Field(default_factory=list)
+
+    @field_validator("questions", mode="before")
+    @classmethod
+    def _ids(cls, questions: Any) -> Any:
+        if isinstance(questions, dict):
+            for name in questions:
+                if not isinstance(name, str) or not _QUESTION_ID.match(name):
+                    raise PydanticCustomError(
+                        "question_id",
+                        "question id {n} must be a name (letters, digits, _) so `when` can use it",
+                        {"n": repr(name)},
+                    )
+        return questions
+
+
+class ConfigSpec(Strict):
+    """A d3-router configuration file."""
+
+    engine: EngineSettings = EngineSettings()
+    upstreams: dict[str, UpstreamSettings] = Field(min_length=1)
+    policies: dict[str, PolicySpec] = Field(default_factory=dict)
+
+
+def _check_url(url: str) -> str:
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise PydanticCustomError("url", "expected an http(s) URL, found {u}", {"u": repr(url)})
+    return url
+
+
+def _check_env(name: str | None) -> str | None:
+    if name is not None and not _ENV_NAME.match(name):
+        raise PydanticCustomError(
+            "env",
+            "expected the name of an environment variable (not the key itself), found {n}",
+            {"n": "a value that is not a name"},
+        )
+    return name

@@ -1,0 +1,122 @@
+"""The `d3router` command.
+
+d3router check FILE      validate a configuration and print a short summary   (exit 0, or 2 if invalid)
+d3router test FILE...    run the policy test cases in the files               (exit 0; 1 if any fail; 2 if invalid)
+d3router schema          print the configuration's JSON Schema, for editors
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from policies import Block, Config, ConfigError, ConfigSpec, Route, load_config, run_test
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_INVALID
+    code: int = args.run(args, sys.stdout, sys.stderr)
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="d3router", description="Semantic routing for OpenAI-compatible chat APIs.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    check = commands.add_parser("check", help="validate a configuration file and summarize it")
+    check.add_argument("file")
+    check.set_defaults(run=_check)
+    test = commands.add_parser("test", help="run the policy test cases of configuration files")
+    test.add_argument("files", nargs="+", metavar="FILE")
+    test.set_defaults(run=_test)
+    schema = commands.add_parser("schema", help="print the configuration file's JSON Schema")
+    schema.set_defaults(run=_schema)
+    return parser
+
+
+def _load(file: str, err: TextIO) -> Config | None:
+    try:
+        config = load_config(file)
+    except ConfigError as exc:
+        for issue in exc.issues:
+            print(f"error: {issue}", file=err)
+        count = len(exc.issues)
+        print(f"{file}: invalid ({count} error{'s' if count != 1 else ''})", file=err)
+        return None
+    for warning in config.warnings:
+        print(f"warning: {warning}", file=err)
+    return config
+
+
+def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    config = _load(args.file, err)
+    if config is None:
+        return EXIT_INVALID
+    engine = config.engine
+    if engine.remote is not None:
+        where = f"remote {', '.join(engine.remote.urls)}"
+    else:
+        where = f"embedded {(engine.embedded.model if engine.embedded else 'vllm-sr/d3-mini')}"
+    cache = "no cache"
+    if engine.cache.max_entries:
+        cache = f"cache {engine.cache.max_entries} entries, {engine.cache.ttl_s:g} s"
+    print(f"{config.file}: valid", file=out)
+    print(f"  engine: {where} ({cache})", file=out)
+    print("  upstreams: " + ", ".join(f"{name} ({up.url})" for name, up in config.upstreams.items()), file=out)
+    for name, policy in config.policies.items():
+        asked = ", ".join(policy.questions) or "none"
+        tests = sum(1 for test in config.tests if test.policy == name)
+        action = policy.on_engine_error.action
+        fallback = f"route {' -> '.join(action.upstreams)}" if isinstance(action, Route) else ""
+        if isinstance(action, Block):
+            fallback = f"block {action.status}"
+        print(
+            f"  policy {name!r}: asks {len(policy.questions)} ({asked}), {len(policy.rules)} rules, {tests} tests;"
+            f" on engine error: {fallback}",
+            file=out,
+        )
+    return EXIT_OK
+
+
+def _test(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    passed = failed = 0
+    invalid = False
+    for file in args.files:
+        config = _load(file, err)
+        if config is None:
+            invalid = True
+            continue
+        if not config.tests:
+            print(f"{file}: no test cases", file=out)
+        for test in config.tests:
+            result = run_test(config.policies[test.policy], test)
+            where = f"{file}:{test.line}" if test.line else file
+            if result.passed:
+                passed += 1
+                print(f"PASS {where} {test.label}", file=out)
+            else:
+                failed += 1
+                print(f"FAIL {where} {test.label}: {result.message}", file=out)
+    print(f"policy tests: {passed} passed, {failed} failed", file=out)
+    if invalid:
+        return EXIT_INVALID
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _schema(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    print(json.dumps(config_schema(), indent=2), file=out)
+    return EXIT_OK
+
+
+def config_schema() -> dict[str, object]:
+    """The JSON Schema of a configuration file (what `d3router schema` prints)."""
+    schema = ConfigSpec.model_json_schema(by_alias=True)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "d3-router configuration", **schema}
