@@ -76,7 +76,8 @@ class _Typed:
     const: Any = None
     is_const: bool = False
     choice: str | None = None  # set when this is a choice's pick, to check compared options
-    what: str = ""
+    what: str = ""  # what the value is, for messages
+    text: str = ""  # the operand as written, for hints
 
 
 def _constant(kind: str, value: Any, pos: int) -> _Typed:
@@ -176,7 +177,7 @@ class _Compiler:
 
     def require_bool(self, typed: _Typed) -> None:
         if typed.type != "bool":
-            hint = f"; compare it, e.g. `{typed.what} > 0.5`" if typed.type == "number" and typed.what else ""
+            hint = f"; compare it, e.g. `{typed.text} > 0.5`" if typed.type == "number" and typed.text else ""
             raise self.error(f"expected a condition (true or false), found {self.kind_of(typed)}{hint}", typed.pos)
 
     def or_expr(self) -> _Typed:
@@ -267,7 +268,11 @@ class _Compiler:
                 self.check_option(left, item, right.pos)
             return
         if left.type != right.type or left.type == "list":
-            raise self.error(f"cannot compare {self.kind_of(left)} with {self.kind_of(right)}", pos)
+            hint = ""
+            for this, other in ((left, right), (right, left)):
+                if this.type == "number" and other.is_const and other.type == "string" and this.text:
+                    hint = f"; for a level's or option's probability write e.g. `{this.text}.{other.const} > 0.5`"
+            raise self.error(f"cannot compare {self.kind_of(left)} with {self.kind_of(right)}{hint}", pos)
         if left.type in ("string", "bool") and op not in ("==", "!="):
             raise self.error(f"{op!r} compares numbers; {self.kind_of(left)} takes only '==' or '!='", pos)
         if left.type == "string":
@@ -340,38 +345,42 @@ class _Compiler:
             attr = self.tok.text
             self.index += 1
             if attr == "confidence":
-                return _Typed("number", lambda a: a[name].confidence, tok.pos, what=f"{name}.confidence")
-            return self.probability(name, question, attr, attr_pos + 1)
+                what = f"the confidence of {name!r}"
+                return _Typed("number", lambda a: a[name].confidence, tok.pos, what=what, text=f"{name}.confidence")
+            return self.probability(name, question, attr, tok.pos, attr_pos + 1)
         if self.take("["):
             if self.tok.kind != "string":
                 raise self.error(f"expected a quoted option name inside {name}[...]")
             attr = _unquote(self.tok.text)
             self.index += 1
             self.expect("]", "to close '['")
-            return self.probability(name, question, attr, attr_pos + 1)
+            return self.probability(name, question, attr, tok.pos, attr_pos + 1)
         if isinstance(question, Choice):
             return _Typed("string", lambda a: a[name].choice, tok.pos, choice=name, what=f"the pick of choice {name!r}")
         if isinstance(question, Noul):
-            return _Typed("number", lambda a: a[name].noul, tok.pos, what=name)
-        return _Typed("number", lambda a: a[name].score, tok.pos, what=name)
+            return _Typed("number", lambda a: a[name].noul, tok.pos, what=f"P(yes) of noul {name!r}", text=name)
+        what = f"the expected level of score {name!r}, 0 to {len(question.levels) - 1}"
+        return _Typed("number", lambda a: a[name].score, tok.pos, what=what, text=name)
 
-    def probability(self, name: str, question: Question, option: str, pos: int) -> _Typed:
-        what = f"{name}.{option}"
+    def probability(self, name: str, question: Question, option: str, start: int, pos: int) -> _Typed:
+        """`name.option` or `name["option"]`: an option's (or level's) probability; `pos` is the option's."""
+        text = f"{name}.{option}" if re.fullmatch(r"[A-Za-z_]\w*", option) else f"{name}[{option!r}]"
+        what = f"the probability of {text}"
         if isinstance(question, Choice):
             if option not in question.options:
                 raise self.error(_unknown("option", option, f" of choice {name!r}", question.options), pos)
-            return _Typed("number", lambda a: a[name].probabilities[option], pos, what=what)
+            return _Typed("number", lambda a: a[name].probabilities[option], start, what=what, text=text)
         if isinstance(question, Noul):
             if option not in ("yes", "no"):
                 raise self.error(f"a noul has the options 'yes' and 'no', not {option!r}", pos)
             if option == "yes":
-                return _Typed("number", lambda a: a[name].noul, pos, what=what)
-            return _Typed("number", lambda a: 1.0 - a[name].noul, pos, what=what)
+                return _Typed("number", lambda a: a[name].noul, start, what=what, text=text)
+            return _Typed("number", lambda a: 1.0 - a[name].noul, start, what=what, text=text)
         assert isinstance(question, Score)  # the union has three members
         if option not in question.levels:
             raise self.error(_unknown("level", option, f" of score {name!r}", question.levels), pos)
         index = question.levels.index(option)
-        return _Typed("number", lambda a: a[name].probabilities[index], pos, what=what)
+        return _Typed("number", lambda a: a[name].probabilities[index], start, what=what, text=text)
 
 
 def compile_condition(source: str, questions: Mapping[str, Question]) -> tuple[Condition, frozenset[str]]:

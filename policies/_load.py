@@ -200,10 +200,11 @@ class _Compiler:
         return Route(upstreams)
 
     def on_engine_error(self, spec: ActionSpec | None, default: ActionSpec, path: Path) -> Rule | None:
-        if spec is None:  # fail open: the policy's default route
+        if spec is None:  # fail open: the policy's default route (its names are checked there)
             if default.route is None:
                 return None  # the missing default is reported already
-            spec = ActionSpec(route=default.route)
+            upstreams = (default.route,) if isinstance(default.route, str) else tuple(default.route)
+            return Rule(ON_ENGINE_ERROR, None, None, Route(upstreams), {}, {})
         action = self.action(spec, path)
         if action is None:
             self.issue(path, "`on_engine_error` must `route` or `block`")
@@ -306,10 +307,24 @@ def _message(errors: list[tuple[str, Any]]) -> str:
         return "missing `type`; expected 'choice', 'noul' or 'score'"
     if kind == "literal_error":
         return f"expected one of {error['ctx']['expected']}, found {error['input']!r}"
+    ctx = error.get("ctx") or {}
+    found = _short(error["input"])
+    if kind == "too_short":
+        return f"expected at least {ctx['min_length']} item(s), found {ctx['actual_length']}"
+    if kind == "too_long":
+        return f"expected at most {ctx['max_length']} item(s), found more"
+    if kind == "string_too_short":
+        return f"expected a non-empty string, found {found}"
+    bounds = {
+        "greater_than": "greater than",
+        "greater_than_equal": "at least",
+        "less_than": "less than",
+        "less_than_equal": "at most",
+    }
+    if kind in bounds:
+        return f"expected a number {bounds[kind]} {next(iter(ctx.values()))}, found {found}"
     message: str = error["msg"]
-    if kind.startswith(("greater", "less", "too_", "string_too")):
-        message = f"{message[0].lower()}{message[1:]}, found {_short(error['input'])}"
-    return message.removeprefix("Value error, ")
+    return message
 
 
 def _resolve(loc: tuple[str | int, ...], marks: Marks) -> Path:

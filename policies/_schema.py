@@ -284,7 +284,8 @@ class RuleSpec(ActionSpec):
     @classmethod
     def _when(cls, when: Any) -> Any:
         if isinstance(when, bool | int | float):
-            raise PydanticCustomError("when", "`when` takes a condition as text, found {v}", {"v": repr(when)})
+            shown = str(when).lower() if isinstance(when, bool) else repr(when)
+            raise PydanticCustomError("when", "`when` takes a condition as text, found {v}; quote it", {"v": shown})
         return when
 
     @model_validator(mode="after")
