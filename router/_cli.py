@@ -119,4 +119,4 @@ def _schema(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def config_schema() -> dict[str, object]:
     """The JSON Schema of a configuration file (what `d3router schema` prints)."""
     schema = ConfigSpec.model_json_schema(by_alias=True)
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "d3-router configuration", **schema}
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema, "title": "d3-router configuration"}
