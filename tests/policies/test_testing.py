@@ -23,7 +23,11 @@ DIFFICULTY = Score(None, LEVELS)
         (Noul(None), 0, NoulAnswer(0.0, 1.0)),
         (KIND, "math", ChoiceAnswer("math", {"code": 0.0, "math": 1.0, "chat": 0.0}, 1.0)),
         (KIND, {"code": 0.6}, ChoiceAnswer("code", {"code": 0.6, "math": 0.2, "chat": 0.2}, 0.6)),
-        (KIND, {"code": 0.3, "math": 0.3, "chat": 0.4}, ChoiceAnswer("chat", {"code": 0.3, "math": 0.3, "chat": 0.4}, 0.4)),
+        (
+            KIND,
+            {"code": 0.3, "math": 0.3, "chat": 0.4},
+            ChoiceAnswer("chat", {"code": 0.3, "math": 0.3, "chat": 0.4}, 0.4),
+        ),
         (DIFFICULTY, 2, ScoreAnswer(2.0, LEVELS, (0.0, 0.0, 1.0, 0.0), 1.0)),
         (DIFFICULTY, 3, ScoreAnswer(3.0, LEVELS, (0.0, 0.0, 0.0, 1.0), 1.0)),
         (DIFFICULTY, 0.25, ScoreAnswer(0.25, LEVELS, (0.75, 0.25, 0.0, 0.0), 0.75)),
@@ -81,9 +85,17 @@ CASES = [
     ("{answers: {jailbreak: 0.95}, expect: {block: 403}}", True, ""),
     ("{answers: {jailbreak: 0.1, kind: code, difficulty: hard}, expect: {route: large}}", True, ""),
     ("{answers: {jailbreak: 0.1, kind: code, difficulty: 2}, expect: {route: [large, small]}}", True, ""),
-    ("{answers: {jailbreak: 0.1, kind: code, difficulty: 2}, expect: {tags: {x-team: platform}, set: {effort: high}}}", True, ""),
+    (
+        "{answers: {jailbreak: 0.1, kind: code, difficulty: 2}, expect: {tags: {x-team: platform}, set: {effort: high}}}",
+        True,
+        "",
+    ),
     ("{answers: {jailbreak: 0.1, kind: chat}, expect: {rule: default, block: false}}", True, ""),
-    ("{engine_error: true, expect: {rule: on_engine_error, route: small, degraded: true, tags: {x-degraded: '1'}}}", True, ""),
+    (
+        "{engine_error: true, expect: {rule: on_engine_error, route: small, degraded: true, tags: {x-degraded: '1'}}}",
+        True,
+        "",
+    ),
     (
         "{answers: {jailbreak: 0.1, kind: chat}, expect: {rule: guard}}",
         False,
@@ -147,7 +159,9 @@ def test_policy_test_case(case: str, passes: bool, message: str) -> None:
 
 
 def test_case_label_and_line() -> None:
-    config = parse_config(CONFIG + "      - {name: guarded, answers: {jailbreak: 1}, expect: {block: true}}\n", "c.yaml")
+    config = parse_config(
+        CONFIG + "      - {name: guarded, answers: {jailbreak: 1}, expect: {block: true}}\n", "c.yaml"
+    )
     (test,) = config.tests
     assert test.label == "auto #1 'guarded'"
     assert test.line == 18
