@@ -1,5 +1,27 @@
-"""Decision engines behind one protocol: typed questions in, probabilities out."""
+"""Decision engines behind one protocol: typed questions in, probabilities out.
 
+    async with CachedEngine(RemoteEngine(["http://127.0.0.1:8000"])) as engine:
+        decided = await engine.decide("Fix my SQL query", {"kind": Choice(None, {"code": None, "chat": None})})
+        decided.answers["kind"].choice      # "code"
+
+Engines: `RemoteEngine` (vLLM servers over HTTP), `EmbeddedEngine` (vLLM inside this process),
+`CachedEngine` (a cache with single-flight in front of either), `FakeEngine` (a table, for tests).
+"""
+
+from d3backend._answers import answer_from
+from d3backend._cache import CachedEngine, CacheStats, cache_key
+from d3backend._errors import (
+    EngineBadResponse,
+    EngineError,
+    EngineRejected,
+    EngineTimeout,
+    EngineUnavailable,
+)
+from d3backend._fake import FakeEngine
+from d3backend._http import make_client
+from d3backend._protocol import DecisionEngine
+from d3backend._remote import RemoteEngine
+from d3backend._tinymodel import make_model
 from d3backend._types import (
     D3_MAX_OPTIONS,
     GENERATIVE_MAX_OPTIONS,
@@ -17,6 +39,7 @@ from d3backend._types import (
     ScoreAnswer,
     Usage,
 )
+from d3backend._wire import JSONValue
 
 __all__ = [
     "D3_MAX_OPTIONS",
@@ -25,13 +48,28 @@ __all__ = [
     "MAX_SCORE_LEVELS",
     "MIN_SCORE_LEVELS",
     "Answer",
+    "CacheStats",
+    "CachedEngine",
     "Choice",
     "ChoiceAnswer",
     "Decided",
+    "DecisionEngine",
+    "EngineBadResponse",
+    "EngineError",
+    "EngineRejected",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "FakeEngine",
+    "JSONValue",
     "Noul",
     "NoulAnswer",
     "Question",
+    "RemoteEngine",
     "Score",
     "ScoreAnswer",
     "Usage",
+    "answer_from",
+    "cache_key",
+    "make_client",
+    "make_model",
 ]

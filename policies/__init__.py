@@ -20,7 +20,7 @@ from policies._schema import (
     RemoteSettings,
     UpstreamSettings,
 )
-from policies._testing import PolicyTest, TestResult, build_answer, run_test
+from policies._testing import PolicyTest, TestResult, run_test
 
 __all__ = [
     "Action",
@@ -46,7 +46,6 @@ __all__ = [
     "Step",
     "TestResult",
     "UpstreamSettings",
-    "build_answer",
     "compile_condition",
     "load_config",
     "parse_config",

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from d3backend import Choice, Noul, Question, Score
+from d3backend import Choice, Noul, Question, Score, answer_from
 from policies._errors import ConfigError, Issue, Path
 from policies._expr import ExpressionError, compile_condition
 from policies._policy import Block, Policy, Route, Rule, StateSettings
@@ -30,7 +30,7 @@ from policies._schema import (
     TestCaseSpec,
     UpstreamSettings,
 )
-from policies._testing import Expectation, PolicyTest, build_answer
+from policies._testing import Expectation, PolicyTest
 from policies._yaml import Marks, load_yaml
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
@@ -224,7 +224,7 @@ class _Compiler:
                     self.issue((*case_path, "answers", qid), f"unknown question {qid!r}; expected one of {known}")
                     continue
                 try:
-                    answers[qid] = build_answer(question, value)
+                    answers[qid] = answer_from(question, value)
                 except ValueError as exc:
                     self.issue((*case_path, "answers", qid), str(exc))
             expect = self.expectation(case, rule_names, (*case_path, "expect"))

@@ -1,0 +1,139 @@
+"""`CachedEngine`: a TTL + LRU cache in front of any engine, with single-flight.
+
+    engine = CachedEngine(RemoteEngine(["http://d3:8000"]), max_entries=10_000, ttl_s=600)
+
+Equal decisions (same model, state, questions and media) within the TTL are answered from memory; equal
+decisions *in flight* share one engine call. The key is a BLAKE2 digest, so the cache holds no request text.
+Errors are never cached. A caller that goes away (a client disconnect cancels it) does not cancel the shared call,
+which still fills the cache for the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import TracebackType
+
+from cachetools import TTLCache
+
+from d3backend._protocol import DecisionEngine
+from d3backend._types import Decided, Question
+from d3backend._wire import JSONValue
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    hits: int
+    misses: int
+    shared: int  # calls that joined an identical one in flight
+    size: int
+
+
+class CachedEngine:
+    """Wraps `engine`; closes it on `aclose()` unless `owns_engine=False`."""
+
+    def __init__(
+        self, engine: DecisionEngine, *, max_entries: int = 10_000, ttl_s: float = 600.0, owns_engine: bool = True
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError("a cache needs max_entries >= 1; use the engine itself for no cache")
+        self.engine = engine
+        self._owns_engine = owns_engine
+        self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max_entries, ttl=ttl_s)
+        self._in_flight: dict[bytes, asyncio.Task[Decided]] = {}
+        self._hits = self._misses = self._shared = 0
+
+    @property
+    def model(self) -> str | None:
+        return getattr(self.engine, "model", None)
+
+    @property
+    def stats(self) -> CacheStats:
+        return CacheStats(self._hits, self._misses, self._shared, len(self._cache))
+
+    async def decide(
+        self,
+        state: JSONValue,
+        questions: Mapping[str, Question],
+        *,
+        images: Sequence[str] = (),
+        videos: Sequence[str] = (),
+    ) -> Decided:
+        start = time.perf_counter()
+        key = cache_key(self.model, state, questions, images, videos)
+        found = self._cache.get(key)
+        if found is not None:
+            self._hits += 1
+            return replace(found, cached=True, elapsed_ms=(time.perf_counter() - start) * 1000.0)
+        task = self._in_flight.get(key)
+        if task is None:
+            self._misses += 1
+            task = asyncio.ensure_future(self._fill(key, state, questions, images, videos))
+            self._in_flight[key] = task
+        else:
+            self._shared += 1
+        # shield: a cancelled caller must not cancel the call others wait for.
+        return await asyncio.shield(task)
+
+    async def _fill(
+        self,
+        key: bytes,
+        state: JSONValue,
+        questions: Mapping[str, Question],
+        images: Sequence[str],
+        videos: Sequence[str],
+    ) -> Decided:
+        try:
+            decided = await self.engine.decide(state, questions, images=images, videos=videos)
+            self._cache[key] = decided
+            return decided
+        finally:
+            del self._in_flight[key]
+
+    async def probe(self) -> Decided:
+        probe = getattr(self.engine, "probe", None)
+        if probe is None:
+            raise NotImplementedError(f"{type(self.engine).__name__} has no probe()")
+        result: Decided = await probe()
+        return result
+
+    async def aclose(self) -> None:
+        for task in list(self._in_flight.values()):
+            task.cancel()
+        self._cache.clear()
+        if self._owns_engine:
+            await self.engine.aclose()
+
+    async def __aenter__(self) -> CachedEngine:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def cache_key(
+    model: str | None,
+    state: JSONValue,
+    questions: Mapping[str, Question],
+    images: Sequence[str] = (),
+    videos: Sequence[str] = (),
+) -> bytes:
+    """A stable digest of everything that decides the answers."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update((model or "").encode())
+    digest.update(b"\0s" if isinstance(state, str) else b"\0j")
+    text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, sort_keys=True)
+    digest.update(text.encode("utf-8", "surrogatepass"))
+    digest.update(b"\0q")
+    digest.update(json.dumps([(qid, q.to_wire()) for qid, q in questions.items()], ensure_ascii=False).encode())
+    for tag, media in ((b"\0i", images), (b"\0v", videos)):
+        for item in media:
+            digest.update(tag)
+            digest.update(item.encode("utf-8", "surrogatepass"))
+    return digest.digest()
