@@ -10,6 +10,7 @@ Engines: `RemoteEngine` (vLLM servers over HTTP), `EmbeddedEngine` (vLLM inside 
 
 from d3backend._answers import answer_from
 from d3backend._cache import CachedEngine, CacheStats, cache_key
+from d3backend._embedded import EmbeddedEngine
 from d3backend._errors import (
     EngineBadResponse,
     EngineError,
@@ -21,6 +22,7 @@ from d3backend._fake import FakeEngine
 from d3backend._http import make_client
 from d3backend._protocol import DecisionEngine
 from d3backend._remote import RemoteEngine
+from d3backend._server import ServerError, VllmServer, free_port
 from d3backend._tinymodel import make_model
 from d3backend._types import (
     D3_MAX_OPTIONS,
@@ -54,6 +56,7 @@ __all__ = [
     "ChoiceAnswer",
     "Decided",
     "DecisionEngine",
+    "EmbeddedEngine",
     "EngineBadResponse",
     "EngineError",
     "EngineRejected",
@@ -67,9 +70,12 @@ __all__ = [
     "RemoteEngine",
     "Score",
     "ScoreAnswer",
+    "ServerError",
     "Usage",
+    "VllmServer",
     "answer_from",
     "cache_key",
+    "free_port",
     "make_client",
     "make_model",
 ]

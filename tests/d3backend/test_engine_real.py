@@ -1,0 +1,128 @@
+"""Against a real vLLM (the CPU build) serving the locally built model: the same engine code, wire format and
+errors as production, with answers that carry no meaning. Nothing here depends on what the answers say."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+from pathlib import Path
+
+import pytest
+
+from d3backend import (
+    CachedEngine,
+    Choice,
+    ChoiceAnswer,
+    EmbeddedEngine,
+    EngineRejected,
+    Noul,
+    NoulAnswer,
+    Question,
+    RemoteEngine,
+    Score,
+    ScoreAnswer,
+    VllmServer,
+    free_port,
+)
+from tests.conftest import SERVED_MODEL, require_vllm
+
+pytestmark = [pytest.mark.engine, pytest.mark.anyio]
+
+QUESTIONS: dict[str, Question] = {
+    "kind": Choice("What kind of work is this?", {"code": "Writing or fixing code", "math": None, "chat": None}),
+    "jailbreak": Noul("Is the user trying to make the assistant ignore its rules?", "it is", "it is not"),
+    "difficulty": Score("How hard is this request?", ("trivial", "easy", "hard", "expert")),
+}
+STATE = "Write a Python function that merges two sorted lists."
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_answers_every_question_type(vllm_server: VllmServer) -> None:
+    async with RemoteEngine([vllm_server.url]) as engine:  # the model name is discovered from /v1/models
+        decided = await engine.decide(STATE, QUESTIONS)
+    assert engine.model == SERVED_MODEL
+    assert decided.model == SERVED_MODEL
+    assert list(decided.answers) == ["kind", "jailbreak", "difficulty"]
+    kind, jailbreak, difficulty = decided.answers.values()
+    assert isinstance(kind, ChoiceAnswer) and isinstance(jailbreak, NoulAnswer) and isinstance(difficulty, ScoreAnswer)
+    assert set(kind.probabilities) == {"code", "math", "chat"}
+    assert math.isclose(sum(kind.probabilities.values()), 1.0, abs_tol=1e-9)
+    assert kind.choice == max(kind.probabilities, key=kind.probabilities.__getitem__)
+    assert 0.0 <= jailbreak.noul <= 1.0
+    assert difficulty.legend == ("trivial", "easy", "hard", "expert")
+    assert math.isclose(difficulty.score, sum(i * p for i, p in enumerate(difficulty.probabilities)), abs_tol=1e-9)
+    assert decided.usage.input_tokens > 0
+    assert decided.elapsed_ms > 0
+
+
+async def test_same_request_same_answers(vllm_server: VllmServer) -> None:
+    async with RemoteEngine([vllm_server.url], model=SERVED_MODEL) as engine:
+        first = await engine.decide(STATE, QUESTIONS)
+        second = await engine.decide(STATE, QUESTIONS)
+        other = await engine.decide({"messages": [{"role": "user", "content": "hello there"}]}, QUESTIONS)
+    assert first.answers == second.answers
+    assert other.answers != first.answers  # a JSON state is read too, and changes the answers
+
+
+@pytest.mark.parametrize(
+    ("questions", "state", "message"),
+    [
+        ({"many": Choice(None, {f"option{i}": None for i in range(27)})}, "x", "question 'many': at most 26 options"),
+        ({f"q{i}": Noul(None) for i in range(65)}, "x", "questions: at most 64"),
+        ({"q": Noul(None)}, "word " * 3000, "maximum context length is 2048 tokens"),
+    ],
+    ids=["27-options", "65-questions", "state-over-max-model-len"],
+)
+async def test_over_the_engines_limits_is_rejected_with_its_message(
+    vllm_server: VllmServer, questions: dict[str, Question], state: str, message: str
+) -> None:
+    async with RemoteEngine([vllm_server.url], model=SERVED_MODEL) as engine:
+        with pytest.raises(EngineRejected) as info:
+            await engine.decide(state, questions)
+    assert info.value.status == 400
+    assert message in info.value.message
+
+
+async def test_unknown_model_is_rejected_with_a_hint(vllm_server: VllmServer) -> None:
+    async with RemoteEngine([vllm_server.url], model="vllm-sr/d3-mini") as engine:
+        with pytest.raises(EngineRejected, match=r"\(404\): The model `vllm-sr/d3-mini` does not exist") as info:
+            await engine.probe()
+    assert info.value.message.endswith("(check the engine's model name in the configuration)")
+
+
+async def test_fails_over_from_a_dead_url(vllm_server: VllmServer) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    async with RemoteEngine([dead, vllm_server.url], model=SERVED_MODEL) as engine:
+        answers = [(await engine.decide(STATE, QUESTIONS)).answers for _ in range(4)]
+    assert all(answer == answers[0] for answer in answers)
+
+
+async def test_cache_in_front_of_the_real_engine(vllm_server: VllmServer) -> None:
+    async with CachedEngine(RemoteEngine([vllm_server.url], model=SERVED_MODEL)) as engine:
+        first = await engine.decide(STATE, QUESTIONS)
+        second = await engine.decide(STATE, QUESTIONS)
+    assert (first.cached, second.cached) == (False, True)
+    assert first.answers == second.answers
+
+
+async def test_embedded_engine_answers_as_the_server_does(
+    vllm_server: VllmServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    require_vllm()
+    async with RemoteEngine([vllm_server.url], model=SERVED_MODEL) as remote:
+        served = await remote.decide(STATE, QUESTIONS)
+    engine = EmbeddedEngine(
+        str(tiny_model), served_model_name=SERVED_MODEL, max_model_len=2048, dtype="float32",
+        kv_cache_memory_bytes="256M", cache_dir=tmp_path,
+    )  # fmt: skip
+    async with engine:
+        embedded = await engine.decide(STATE, QUESTIONS)
+        with pytest.raises(EngineRejected, match="at most 26 options"):
+            await engine.decide("x", {"many": Choice(None, {f"o{i}": None for i in range(27)})})
+        assert (await engine.probe()).model == SERVED_MODEL
+    assert embedded.answers == served.answers
+    assert [p for p in multiprocessing.active_children() if "EngineCore" in p.name] == []
