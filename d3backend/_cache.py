@@ -14,7 +14,7 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 
@@ -37,13 +37,19 @@ class CachedEngine:
     """Wraps `engine`; closes it on `aclose()` unless `owns_engine=False`."""
 
     def __init__(
-        self, engine: DecisionEngine, *, max_entries: int = 10_000, ttl_s: float = 600.0, owns_engine: bool = True
+        self,
+        engine: DecisionEngine,
+        *,
+        max_entries: int = 10_000,
+        ttl_s: float = 600.0,
+        owns_engine: bool = True,
+        timer: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_entries < 1:
             raise ValueError("a cache needs max_entries >= 1; use the engine itself for no cache")
         self.engine = engine
         self._owns_engine = owns_engine
-        self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max_entries, ttl=ttl_s)
+        self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
         self._in_flight: dict[bytes, asyncio.Task[Decided]] = {}
         self._hits = self._misses = self._shared = 0
 

@@ -62,10 +62,8 @@ class EmbeddedEngine:
     @property
     def argv(self) -> list[str]:
         """The `vllm serve` arguments the engine starts with."""
-        argv = list(self._argv)
-        if _vllm.is_cpu_build():
-            argv += [flag for flag in _vllm.cpu_args() if flag not in self._extra_args]
-        return argv + self._extra_args
+        cpu = _vllm.cpu_args() if _vllm.is_cpu_build() else []
+        return [*self._argv, *cpu, *self._extra_args]  # a repeated flag: vLLM's parser keeps the last
 
     async def start(self) -> None:
         if self._stack is not None:

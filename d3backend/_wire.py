@@ -106,7 +106,9 @@ def _answer(qid: str, question: Question, got: _WireAnswer) -> Answer:
         )
     values = [got.probabilities[key] for key in keys]
     total = sum(values)
-    if not all(math.isfinite(p) and p >= 0.0 for p in values) or abs(total - 1.0) > SUM_TOLERANCE:
+    if not all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in values):
+        raise EngineBadResponse(f"question {qid!r}: the engine's probabilities are not all between 0 and 1")
+    if abs(total - 1.0) > SUM_TOLERANCE:
         raise EngineBadResponse(f"question {qid!r}: the engine's probabilities add up to {total:g}, not 1")
     values = [p / total for p in values]
     confidence = got.confidence if math.isfinite(got.confidence) else 0.0

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
+from d3backend import make_model
 from policies import Block, Config, ConfigError, ConfigSpec, Route, load_config, run_test
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -39,6 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     test.set_defaults(run=_test)
     schema = commands.add_parser("schema", help="print the configuration file's JSON Schema")
     schema.set_defaults(run=_schema)
+    make = commands.add_parser("make-model", help="build the tiny local model for tests and offline demos")
+    make.add_argument("directory")
+    make.add_argument("--seed", type=int, default=0)
+    make.set_defaults(run=_make_model)
     return parser
 
 
@@ -113,6 +118,12 @@ def _test(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def _schema(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     print(json.dumps(config_schema(), indent=2), file=out)
+    return EXIT_OK
+
+
+def _make_model(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    path = make_model(args.directory, seed=args.seed)
+    print(f"{path}: tiny Qwen3 model built (random weights: its answers carry no meaning)", file=out)
     return EXIT_OK
 
 

@@ -18,6 +18,11 @@ SERVED_MODEL = "d3-tiny"
 _skipped_engine_tests: list[str] = []
 
 
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_model(tmp_path_factory.mktemp("tiny-model"))

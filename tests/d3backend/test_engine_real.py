@@ -36,11 +36,6 @@ QUESTIONS: dict[str, Question] = {
 STATE = "Write a Python function that merges two sorted lists."
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 async def test_answers_every_question_type(vllm_server: VllmServer) -> None:
     async with RemoteEngine([vllm_server.url]) as engine:  # the model name is discovered from /v1/models
         decided = await engine.decide(STATE, QUESTIONS)

@@ -150,3 +150,12 @@ def test_console_script_runs_as_a_module() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"{EXAMPLES[0]}: valid")
+
+
+def test_make_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["make-model", str(tmp_path / "tiny")]) == 0
+    assert (
+        capsys.readouterr().out
+        == f"{tmp_path / 'tiny'}: tiny Qwen3 model built (random weights: its answers carry no meaning)\n"
+    )
+    assert (tmp_path / "tiny" / "model.safetensors").is_file()
