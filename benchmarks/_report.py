@@ -13,6 +13,12 @@ from typing import Any
 RESULTS = Path(__file__).parent / "results"
 
 
+def add_arguments(parser: Any) -> None:
+    """The options every benchmark takes."""
+    parser.add_argument("--quick", action="store_true", help="tiny counts: checks that the harness runs")
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where to write the JSON and markdown")
+
+
 def machine() -> dict[str, Any]:
     return {
         "python": platform.python_version(),
@@ -22,18 +28,20 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write(name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], command: str) -> str:
-    """Write `results/<name>.json` and `results/<name>.md`; return the markdown table."""
-    RESULTS.mkdir(exist_ok=True)
+def write(
+    name: str, rows: Sequence[dict[str, Any]], columns: Sequence[str], command: str, directory: Path = RESULTS
+) -> str:
+    """Write `<directory>/<name>.json` and `<directory>/<name>.md`; return the markdown table."""
+    directory.mkdir(parents=True, exist_ok=True)
     payload = {"command": command, "machine": machine(), "rows": list(rows)}
-    (RESULTS / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    (directory / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(column, "")) for column in columns) + " |")
     info = payload["machine"]
     table = "\n".join(lines)
     text = f"{table}\n\n`{command}` on {info['cores']} cores, Python {info['python']}, {info['date']}.\n"
-    (RESULTS / f"{name}.md").write_text(text, encoding="utf-8")
+    (directory / f"{name}.md").write_text(text, encoding="utf-8")
     return text
 
 

@@ -12,7 +12,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from benchmarks._report import write
+from benchmarks._report import add_arguments, write
 from d3backend import ChoiceAnswer, NoulAnswer, ScoreAnswer
 from policies import parse_config
 
@@ -72,7 +72,7 @@ def median_us(fn: Callable[[], object], repeat: int, number: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="tiny counts, to check the harness runs")
+    add_arguments(parser)
     args = parser.parse_args()
     repeat = 3 if args.quick else 15
 
@@ -94,7 +94,7 @@ def main() -> None:
         },
         {"measure": "load a 64-question, 100-rule file", "median": f"{load:.1f} ms", "target": "<= 50 ms"},
     ]
-    print(write("policy", rows, ["measure", "median", "target"], "python -m benchmarks.policy"))
+    print(write("policy", rows, ["measure", "median", "target"], "python -m benchmarks.policy", args.results))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 
 from cachetools import TTLCache
@@ -52,6 +52,7 @@ class CachedEngine:
         self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
         self._in_flight: dict[bytes, asyncio.Task[Decided]] = {}
         self._hits = self._misses = self._shared = 0
+        self._blobs: dict[int, tuple[Mapping[str, Question], bytes]] = {}
 
     @property
     def model(self) -> str | None:
@@ -70,11 +71,11 @@ class CachedEngine:
         videos: Sequence[str] = (),
     ) -> Decided:
         start = time.perf_counter()
-        key = cache_key(self.model, state, questions, images, videos)
+        key = cache_key(self.model, state, questions, images, videos, questions_blob=self._questions_blob(questions))
         found = self._cache.get(key)
         if found is not None:
             self._hits += 1
-            return replace(found, cached=True, elapsed_ms=(time.perf_counter() - start) * 1000.0)
+            return found._replace(cached=True, elapsed_ms=(time.perf_counter() - start) * 1000.0)
         task = self._in_flight.get(key)
         if task is None:
             self._misses += 1
@@ -84,6 +85,17 @@ class CachedEngine:
             self._shared += 1
         # shield: a cancelled caller must not cancel the call others wait for.
         return await asyncio.shield(task)
+
+    def _questions_blob(self, questions: Mapping[str, Question]) -> bytes:
+        """The questions' serialized form, kept per mapping: policies ask the same mapping on every request."""
+        entry = self._blobs.get(id(questions))
+        if entry is not None and entry[0] is questions:
+            return entry[1]
+        if len(self._blobs) >= 1024:
+            self._blobs.clear()
+        blob = _questions_blob(questions)
+        self._blobs[id(questions)] = (questions, blob)
+        return blob
 
     async def _fill(
         self,
@@ -123,21 +135,27 @@ class CachedEngine:
         await self.aclose()
 
 
+def _questions_blob(questions: Mapping[str, Question]) -> bytes:
+    return json.dumps([(qid, q.to_wire()) for qid, q in questions.items()], ensure_ascii=False).encode()
+
+
 def cache_key(
     model: str | None,
     state: JSONValue,
     questions: Mapping[str, Question],
     images: Sequence[str] = (),
     videos: Sequence[str] = (),
+    *,
+    questions_blob: bytes | None = None,
 ) -> bytes:
-    """A stable digest of everything that decides the answers."""
+    """A stable digest of everything that decides the answers (`questions_blob` may carry the questions' part)."""
     digest = hashlib.blake2b(digest_size=16)
     digest.update((model or "").encode())
     digest.update(b"\0s" if isinstance(state, str) else b"\0j")
     text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, sort_keys=True)
     digest.update(text.encode("utf-8", "surrogatepass"))
     digest.update(b"\0q")
-    digest.update(json.dumps([(qid, q.to_wire()) for qid, q in questions.items()], ensure_ascii=False).encode())
+    digest.update(questions_blob if questions_blob is not None else _questions_blob(questions))
     for tag, media in ((b"\0i", images), (b"\0v", videos)):
         for item in media:
             digest.update(tag)

@@ -1,0 +1,42 @@
+"""Quick runs of the benchmark harness so it does not rot; CI times nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_vllm
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(module: str, results: Path) -> dict[str, object]:
+    completed = subprocess.run(
+        [sys.executable, "-m", module, "--quick", "--results", str(results)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    name = module.rsplit(".", 1)[1]
+    assert (results / f"{name}.md").read_text().startswith("| ")
+    payload: dict[str, object] = json.loads((results / f"{name}.json").read_text())
+    return payload
+
+
+def test_policy_benchmark_runs(tmp_path: Path) -> None:
+    payload = run("benchmarks.policy", tmp_path)
+    assert [row["measure"] for row in payload["rows"]] == [  # type: ignore[index,union-attr]
+        "evaluate a 20-rule policy (all rules tried)",
+        "load a 64-question, 100-rule file",
+    ]
+
+
+@pytest.mark.engine
+def test_engine_benchmark_runs(tmp_path: Path) -> None:
+    require_vllm()
+    payload = run("benchmarks.engine", tmp_path)
+    clients = [row["client"] for row in payload["rows"]]  # type: ignore[index,union-attr]
+    assert clients == ["raw httpx", "RemoteEngine", "raw httpx", "RemoteEngine", "CachedEngine hit"]
