@@ -40,6 +40,14 @@ class Block:
 Action = Route | Block
 
 
+class Step(NamedTuple):
+    """One rule tried: `matched` is its condition's value (always true for an unconditional rule)."""
+
+    rule: str
+    when: str | None
+    matched: bool
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     name: str
@@ -48,14 +56,13 @@ class Rule:
     action: Action | None
     tags: Mapping[str, str]
     params: Mapping[str, Any]
+    # The two trace steps this rule can add, built once: evaluation only picks one.
+    matched: Step = field(init=False, repr=False, compare=False)
+    missed: Step = field(init=False, repr=False, compare=False)
 
-
-class Step(NamedTuple):
-    """One rule tried: `matched` is its condition's value (always true for an unconditional rule)."""
-
-    rule: str
-    when: str | None
-    matched: bool
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "matched", Step(self.name, self.when, True))
+        object.__setattr__(self, "missed", Step(self.name, self.when, False))
 
 
 class Decision(NamedTuple):
@@ -104,11 +111,10 @@ class Policy:
                     raise EvaluationError(
                         f"rule {rule.name!r} of policy {self.name!r} reads {exc.args[0]!r}, which has no answer"
                     ) from None
-                trace.append(Step(rule.name, rule.when, matched))
                 if not matched:
+                    trace.append(rule.missed)
                     continue
-            else:
-                trace.append(Step(rule.name, None, True))
+            trace.append(rule.matched)
             if rule.tags:
                 tags.update(rule.tags)
             if rule.params:
