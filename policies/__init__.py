@@ -18,6 +18,7 @@ from policies._schema import (
     EmbeddedSettings,
     EngineSettings,
     RemoteSettings,
+    ServerSettings,
     UpstreamSettings,
 )
 from policies._testing import PolicyTest, TestResult, run_test
@@ -42,6 +43,7 @@ __all__ = [
     "RemoteSettings",
     "Route",
     "Rule",
+    "ServerSettings",
     "StateSettings",
     "Step",
     "TestResult",

@@ -27,6 +27,7 @@ from policies._schema import (
     PolicySpec,
     QuestionSpec,
     ScoreSpec,
+    ServerSettings,
     TestCaseSpec,
     UpstreamSettings,
 )
@@ -42,6 +43,7 @@ class Config:
     """A whole, valid configuration. `warnings` lists what is legal but likely a mistake."""
 
     file: str
+    server: ServerSettings
     engine: EngineSettings
     upstreams: Mapping[str, UpstreamSettings]
     policies: Mapping[str, Policy]
@@ -108,6 +110,7 @@ class _Compiler:
             raise ConfigError(_sorted(self.issues))
         return Config(
             self.file,
+            self.spec.server,
             self.spec.engine,
             dict(self.spec.upstreams),
             policies,

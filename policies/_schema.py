@@ -348,9 +348,35 @@ class PolicySpec(Strict):
         return questions
 
 
+class DecisionLogSettings(Strict):
+    path: str = Field(description="A JSON-lines file, one line per decided request.")
+    include_text: bool = Field(False, description="Also log the decision state (message text). Off by default.")
+
+
+class ServerSettings(Strict):
+    """How the router serves: limits and admin access."""
+
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger chat requests get 413.")
+    decision_timeout_s: float = Field(5.0, gt=0, description="Longest wait for the engine before on_engine_error.")
+    media_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts whose http(s) image/video URLs may be handed to the engine (which fetches them); "
+        "others are dropped and said so in x-d3-media-dropped. Data URLs always pass.",
+    )
+    max_media_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Budget for data URLs handed to the engine.")
+    admin_token_env: str | None = Field(None, description="Environment variable with the token for POST /admin/reload.")
+    decision_log: DecisionLogSettings | None = None
+
+    @field_validator("admin_token_env")
+    @classmethod
+    def _env(cls, name: str | None) -> str | None:
+        return _check_env(name)
+
+
 class ConfigSpec(Strict):
     """A d3-router configuration file."""
 
+    server: ServerSettings = ServerSettings()
     engine: EngineSettings = EngineSettings()
     upstreams: dict[str, UpstreamSettings] = Field(min_length=1)
     policies: dict[str, PolicySpec] = Field(default_factory=dict)

@@ -1,3 +1,25 @@
-"""d3-router's HTTP side: the reverse proxy, the Starlette middleware and the `d3router` command."""
+"""d3-router's HTTP side: the reverse proxy, the Starlette middleware and the `d3router` command.
 
-__all__: list[str] = []
+from router import create_app, D3RouterMiddleware
+app = create_app(load_config("router.yaml"))            # the proxy, an ASGI app
+app.add_middleware(D3RouterMiddleware, config="router.yaml")   # or decisions inside your own app
+"""
+
+from router._app import ProxyApp, build_engine, create_app
+from router._middleware import D3RouterMiddleware
+from router._service import D3Decision, RouterService, format_answers
+from router._state import BadChatRequest, DecisionState, MediaRules, extract_state
+
+__all__ = [
+    "BadChatRequest",
+    "D3Decision",
+    "D3RouterMiddleware",
+    "DecisionState",
+    "MediaRules",
+    "ProxyApp",
+    "RouterService",
+    "build_engine",
+    "create_app",
+    "extract_state",
+    "format_answers",
+]

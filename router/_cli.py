@@ -32,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="d3router", description="Semantic routing for OpenAI-compatible chat APIs.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = commands.add_parser("serve", help="run the router in front of the configured upstreams")
+    serve.add_argument("file")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.set_defaults(run=_serve)
     check = commands.add_parser("check", help="validate a configuration file and summarize it")
     check.add_argument("file")
     check.set_defaults(run=_check)
@@ -59,6 +65,22 @@ def _load(file: str, err: TextIO) -> Config | None:
     for warning in config.warnings:
         print(f"warning: {warning}", file=err)
     return config
+
+
+def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    config = _load(args.file, err)
+    if config is None:
+        return EXIT_INVALID
+    import asyncio
+    import logging
+
+    from router._serve import serve
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(serve(config, args.host, args.port, log_level=args.log_level))
+    except KeyboardInterrupt:
+        return EXIT_OK
 
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -68,7 +68,7 @@ INVALID = [
     ),
     pytest.param(
         "upstream: {small: {url: http://a}}\n",
-        "c.yaml:1:1: upstream: unknown key 'upstream'; did you mean 'upstreams'? expected one of engine, upstreams, policies",
+        "c.yaml:1:1: upstream: unknown key 'upstream'; did you mean 'upstreams'? expected one of server, engine, upstreams, policies",
         id="unknown top",
     ),
     pytest.param(

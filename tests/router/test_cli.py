@@ -125,7 +125,7 @@ def test_schema_is_json_schema_and_committed_copy_is_current(capsys: pytest.Capt
     printed = json.loads(capsys.readouterr().out)
     assert printed == config_schema()
     assert printed["title"] == "d3-router configuration"
-    assert set(printed["properties"]) == {"engine", "upstreams", "policies"}
+    assert set(printed["properties"]) == {"server", "engine", "upstreams", "policies"}
     committed = json.loads((REPO / "examples" / "d3router.schema.json").read_text(encoding="utf-8"))
     assert committed == printed, "run `d3router schema > examples/d3router.schema.json`"
 

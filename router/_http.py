@@ -1,0 +1,112 @@
+"""ASGI plumbing: reading bodies with a cap, OpenAI-shaped errors, header hygiene, and relaying a streamed
+upstream response to the client unbuffered, cancelling it if the client goes away."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterable, Sequence
+
+import anyio
+import httpx
+from starlette.types import Message, Receive, Send
+
+logger = logging.getLogger(__name__)
+
+# RFC 9110 7.6.1 hop-by-hop headers, and those the proxy sets itself.
+HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection", "te", "trailer",
+     "trailers", "transfer-encoding", "upgrade"}
+)  # fmt: skip
+NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length"}
+HOP_BY_HOP_RAW = frozenset(name.encode() for name in HOP_BY_HOP)
+NOT_FORWARDED_RAW = frozenset(name.encode() for name in NOT_FORWARDED)
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
+    """The whole request body, or `BodyTooLarge` as soon as it passes `limit` bytes."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise anyio.get_cancelled_exc_class()()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def header_value(value: str) -> bytes:
+    """A header value that cannot break the response: no control characters, Latin-1 only."""
+    return _UNSAFE.sub(" ", value).encode("latin-1", "replace")
+
+
+def encode_headers(pairs: Iterable[tuple[str, str]]) -> Headers:
+    return [(name.lower().encode("latin-1"), header_value(value)) for name, value in pairs]
+
+
+def error_payload(message: str, type_: str, code: str | int | None = None, param: str | None = None) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "param": param, "code": code}}).encode()
+
+
+async def send_bytes(send: Send, status: int, body: bytes, headers: Headers, content_type: bytes) -> None:
+    await send({
+        "type": "http.response.start", "status": status,
+        "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_json(send: Send, status: int, body: bytes, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
+    await send_bytes(send, status, body, list(headers), b"application/json")
+
+
+async def send_error(
+    send: Send, status: int, message: str, type_: str, *, code: str | int | None = None, param: str | None = None,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:  # fmt: skip
+    await send_json(send, status, error_payload(message, type_, code, param), headers)
+
+
+async def relay(response: httpx.Response, receive: Receive, send: Send, extra: Headers) -> None:
+    """Send `response` to the client as it arrives: status, headers (hop-by-hop removed), raw bytes. A client
+    that disconnects cancels the relay, and the upstream response is closed either way."""
+    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
+    try:
+        async with anyio.create_task_group() as group:
+
+            async def watch_disconnect() -> None:
+                while True:
+                    message: Message = await receive()
+                    if message["type"] == "http.disconnect":
+                        group.cancel_scope.cancel()
+                        return
+
+            group.start_soon(watch_disconnect)
+            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+            try:
+                async for chunk in response.aiter_raw():
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as exc:
+                logger.warning("the upstream's response broke off mid-stream: %s", type(exc).__name__)
+                raise UpstreamBroke from exc
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            group.cancel_scope.cancel()
+    finally:
+        await response.aclose()
+
+
+class UpstreamBroke(Exception):
+    """The upstream's body stopped mid-way; the client's response cannot be completed and is aborted."""
