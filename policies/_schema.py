@@ -216,6 +216,10 @@ class BlockSpec(Strict):
     message: str = Field("Refused by policy.", min_length=1)
 
 
+class EngineErrorBlockSpec(BlockSpec):
+    status: int = Field(503, ge=400, le=599, description="A 4xx or 5xx status; 503 says the guard is unavailable.")
+
+
 Tags = dict[str, str]
 Params = dict[str, Any]
 
@@ -274,6 +278,12 @@ class ActionSpec(Strict):
         return self
 
 
+class EngineErrorSpec(ActionSpec):
+    """What a policy does when the engine cannot answer."""
+
+    block: EngineErrorBlockSpec | None = None
+
+
 class RuleSpec(ActionSpec):
     name: str = Field(min_length=1)
     when: str | None = Field(
@@ -327,7 +337,7 @@ class TestCaseSpec(Strict):
 class PolicySpec(Strict):
     description: str | None = None
     state: StateSpec = StateSpec()
-    on_engine_error: ActionSpec | None = Field(
+    on_engine_error: EngineErrorSpec | None = Field(
         None, description="What to do when the engine fails; defaults to the policy's default route."
     )
     questions: dict[str, QuestionSpec] = Field(default_factory=dict, max_length=MAX_QUESTIONS)
