@@ -78,7 +78,7 @@ def echo(name: str) -> Any:
                 "body": json.loads(request.content),
                 "raw": request.content.decode(),
                 "headers": dict(request.headers),
-            },  # fmt: skip
+            },
             headers={"x-upstream": name, "connection": "keep-alive", "keep-alive": "timeout=5"},
         )
 
