@@ -22,9 +22,9 @@ CONVERSATION = [
 
 
 def state(
-    messages: Any, source: str = "last_user", max_chars: int = 6000, media: MediaRules = MediaRules()
+    messages: Any, source: str = "last_user", max_chars: int = 6000, media: MediaRules | None = None
 ) -> DecisionState:
-    return extract_state(messages, StateSettings(source, max_chars), media)  # type: ignore[arg-type]
+    return extract_state(messages, StateSettings(source, max_chars), media or MediaRules())  # type: ignore[arg-type]
 
 
 def test_last_user_turn_joins_text_parts_and_takes_its_media() -> None:
