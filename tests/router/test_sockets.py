@@ -1,0 +1,151 @@
+"""Over real sockets: streamed chunks arrive as the upstream sends them, and a client that disconnects closes the
+upstream request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from d3backend import FakeEngine, free_port
+from policies import parse_config
+from router import create_app
+
+CHUNKS = 5
+GAP_S = 0.3
+
+
+class SlowStreamingUpstream:
+    """An OpenAI-like upstream that streams CHUNKS SSE events GAP_S apart and notes when its client goes away."""
+
+    def __init__(self) -> None:
+        self.disconnected = threading.Event()
+        self.started = threading.Event()
+        self.sent = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        self.started.set()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            self.disconnected.set()
+
+        watcher = asyncio.create_task(watch())
+        try:
+            for index in range(CHUNKS):
+                if self.disconnected.is_set():
+                    return
+                event = {
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": {"content": f"t{index}"}}],
+                }
+                await send(
+                    {"type": "http.response.body", "body": f"data: {json.dumps(event)}\n\n".encode(), "more_body": True}
+                )
+                self.sent += 1
+                await asyncio.sleep(GAP_S)
+            await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        finally:
+            watcher.cancel()
+
+
+class Served:
+    """An ASGI app under uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, app: Any) -> None:
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    lifespan="on"))  # fmt: skip
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def stack() -> Iterator[tuple[Served, SlowStreamingUpstream]]:
+    upstream = SlowStreamingUpstream()
+    with Served(upstream) as served_upstream:
+        config = parse_config(f"""
+upstreams: {{chat: {{url: "{served_upstream.url}/v1"}}}}
+policies:
+  auto:
+    questions: {{j: {{type: noul}}}}
+    rules:
+      - {{name: guard, when: j > 0.9, block: {{status: 403, message: no}}}}
+      - {{name: default, route: chat}}
+""")
+        with Served(create_app(config, engine=FakeEngine({"j": 0.1}))) as proxy:
+            yield proxy, upstream
+
+
+def test_streamed_chunks_arrive_one_by_one(stack: tuple[Served, SlowStreamingUpstream]) -> None:
+    proxy, _ = stack
+    arrivals: list[float] = []
+    body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        assert response.headers["x-d3-rule"] == "default"
+        start = time.monotonic()
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                arrivals.append(time.monotonic() - start)
+    assert len(arrivals) == CHUNKS + 1
+    gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:], strict=False)]
+    # Buffering would deliver everything at the end; relayed chunks keep the upstream's pacing.
+    assert all(gap > GAP_S / 2 for gap in gaps), gaps
+
+
+def test_client_disconnect_closes_the_upstream_request(stack: tuple[Served, SlowStreamingUpstream]) -> None:
+    proxy, upstream = stack
+    body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    with (
+        httpx.Client(timeout=10) as client,
+        client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response,
+    ):
+        next(response.iter_lines())  # the first event has arrived; now walk away
+    assert upstream.disconnected.wait(1.0), "the upstream request was still open a second after the client left"
+    assert upstream.sent < CHUNKS
+
+
+def test_blocked_stream_gets_an_error_before_any_stream(stack: tuple[Served, SlowStreamingUpstream]) -> None:
+    proxy, upstream = stack
+    proxy_app = proxy.server.config.app
+    proxy_app.service.engine.answers = {"j": 0.99}
+    body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=10)
+    assert response.status_code == 403
+    assert response.headers["content-type"] == "application/json"
+    assert not upstream.started.is_set()
