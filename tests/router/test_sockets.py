@@ -4,6 +4,7 @@ upstream request."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import threading
 import time
@@ -123,7 +124,7 @@ def test_streamed_chunks_arrive_one_by_one(stack: tuple[Served, SlowStreamingUps
             if line.startswith("data: "):
                 arrivals.append(time.monotonic() - start)
     assert len(arrivals) == CHUNKS + 1
-    gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
     # Buffering would deliver everything at the end; relayed chunks keep the upstream's pacing.
     assert all(gap > GAP_S / 2 for gap in gaps), gaps
 
