@@ -91,6 +91,7 @@ class ProxyApp:
         self._owns_client = client is None
         self.client = client or make_client(timeout=600.0, connect_timeout=5.0)
         self.ready = engine is None
+        self._closed = False
         self.ready_error: str | None = None if self.ready else "the engine has not started"
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Any]] = {
             ("POST", "/v1/chat/completions"): self.chat,
@@ -163,6 +164,10 @@ class ProxyApp:
         return True
 
     async def aclose(self) -> None:
+        """Close what the app opened; safe to call again."""
+        if self._closed:
+            return
+        self._closed = True
         if self._owns_engine and self.service.engine is not None:
             await self.service.engine.aclose()
         if self._owns_client:

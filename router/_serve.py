@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
-from contextlib import suppress
+from collections.abc import Iterator
 
 import uvicorn
 
@@ -16,10 +17,19 @@ from router._app import ProxyApp
 logger = logging.getLogger("router")
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server with our signal handling: it re-raises the signal after shutdown, which would cancel the
+    tasks still closing the embedded engine; ours lets `serve` return and close everything first."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 async def serve(config: Config, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0) -> int:
-    """Serve until SIGINT/SIGTERM; return the process exit code."""
+    """Serve until SIGINT/SIGTERM (a second one forces the exit); return the process exit code."""
     app = ProxyApp(config)
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             app,
             host=host,
@@ -28,11 +38,20 @@ async def serve(config: Config, host: str, port: int, *, log_level: str = "info"
             log_level=log_level,
             access_log=False,
             timeout_graceful_shutdown=10,
+            server_header=False,  # the upstream's own headers pass through; uvicorn's would double them
+            date_header=False,
         )
     )
+
+    def stop() -> None:
+        server.force_exit = server.should_exit
+        server.should_exit = True
+
     loop = asyncio.get_running_loop()
-    with suppress(NotImplementedError):  # no signals on some platforms
+    with contextlib.suppress(NotImplementedError):  # no signals on some platforms
         loop.add_signal_handler(signal.SIGHUP, app.reload)
+        loop.add_signal_handler(signal.SIGINT, stop)
+        loop.add_signal_handler(signal.SIGTERM, stop)
     watcher = asyncio.create_task(_watch(app, poll_s))
     policies = ", ".join(config.policies) or "none"
     logger.info("d3router: serving %s on http://%s:%d (policies: %s)", config.file, host, port, policies)
@@ -40,6 +59,7 @@ async def serve(config: Config, host: str, port: int, *, log_level: str = "info"
         await server.serve()
     finally:
         watcher.cancel()
+        await app.aclose()  # after a forced exit the lifespan did not run its shutdown
     return 0 if server.started else 3
 
 

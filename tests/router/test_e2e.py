@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -24,7 +23,8 @@ openai = pytest.importorskip("openai", reason="the openai SDK comes with the tes
 def router_url(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # The rules read real answers, but hold whatever those are: the tiny model's answers mean nothing.
     config = tmp_path_factory.mktemp("e2e") / "router.yaml"
-    config.write_text(f"""
+    config.write_text(
+        f"""
 engine:
   remote: {{urls: ["{vllm_server.url}"], model: {SERVED_MODEL}, timeout_s: 10}}
   max_choice_options: 26
@@ -44,11 +44,15 @@ policies:
     rules:
       - {{name: refuse, when: jailbreak >= 0, block: {{status: 403, message: Refused by policy.}}}}
       - {{name: default, route: local}}
-""", encoding="utf-8")
+""",
+        encoding="utf-8",
+    )
     port = free_port()
-    log = open(config.parent / "router.log", "wb")  # noqa: SIM115 - closed below
+    log = open(config.parent / "router.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "router", "serve", str(config), "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
+        [sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -100,11 +104,18 @@ def test_blocked_request(router_url: str) -> None:
     with pytest.raises(openai.PermissionDeniedError) as info:
         client(router_url).chat.completions.create(model="guarded", messages=[{"role": "user", "content": "hi"}])
     assert info.value.status_code == 403
-    assert info.value.body == {"message": "Refused by policy.", "type": "policy_violation", "param": None, "code": "refuse"}
+    assert info.value.body == {
+        "message": "Refused by policy.",
+        "type": "policy_violation",
+        "param": None,
+        "code": "refuse",
+    }
     assert info.value.response.headers["x-d3-action"] == "block"
 
 
 def test_blocked_stream_and_models(router_url: str) -> None:
     with pytest.raises(openai.PermissionDeniedError):
-        client(router_url).chat.completions.create(model="guarded", stream=True, messages=[{"role": "user", "content": "hi"}])
+        client(router_url).chat.completions.create(
+            model="guarded", stream=True, messages=[{"role": "user", "content": "hi"}]
+        )
     assert [model.id for model in client(router_url).models.list()] == ["auto", "guarded", SERVED_MODEL]
