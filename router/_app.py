@@ -139,6 +139,11 @@ class ProxyApp:
                 return
 
     async def startup(self) -> None:
+        log = self.config.server.decision_log
+        if log is not None and self.service.decision_log is None:
+            path = Path(log.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.service.decision_log = open(path, "a", encoding="utf-8")
         engine = self.service.engine
         if engine is None:
             return
@@ -172,6 +177,9 @@ class ProxyApp:
             await self.service.engine.aclose()
         if self._owns_client:
             await self.client.aclose()
+        if self.service.decision_log is not None:
+            self.service.decision_log.close()
+            self.service.decision_log = None
 
     # --- chat ------------------------------------------------------------------------------------------------------
     async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -361,3 +361,22 @@ async def test_reload_needs_the_token_and_keeps_a_good_config(
         assert good.json() == {"reloaded": True, "message": f"reloaded {path}"}
         assert (await http.post("/v1/chat/completions", json=chat())).json()["upstream"] == "backup"
     await app.aclose()
+
+
+@pytest.mark.parametrize("include_text", [False, True])
+async def test_decision_log(tmp_path: Path, engine: FakeEngine, mock: respx.MockRouter, include_text: bool) -> None:
+    log = tmp_path / "logs" / "decisions.jsonl"
+    text = CONFIG.replace(
+        "server: {", f"server: {{decision_log: {{path: '{log}', include_text: {str(include_text).lower()}}}, "
+    )
+    app = create_app(parse_config(text, "c.yaml"), engine=engine)
+    await app.startup()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+        await http.post("/v1/chat/completions", json=chat("secret python question"), headers={"x-request-id": "req-1"})
+    await app.aclose()
+    (entry,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert entry["request_id"] == "req-1"
+    assert (entry["policy"], entry["rule"], entry["action"]) == ("auto", "code", "route")
+    assert entry["answers"]["kind"]["choice"] == "code"
+    assert ("secret python question" in log.read_text()) is include_text
+    assert ("state" in entry) is include_text
