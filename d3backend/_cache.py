@@ -16,11 +16,10 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
 from cachetools import TTLCache
 
-from d3backend._protocol import DecisionEngine
+from d3backend._protocol import Closing, DecisionEngine
 from d3backend._types import Decided, Question
 from d3backend._wire import JSONValue
 
@@ -33,7 +32,7 @@ class CacheStats:
     size: int
 
 
-class CachedEngine:
+class CachedEngine(Closing):
     """Wraps `engine`; closes it on `aclose()` unless `owns_engine=False`."""
 
     def __init__(
@@ -125,14 +124,6 @@ class CachedEngine:
         self._cache.clear()
         if self._owns_engine:
             await self.engine.aclose()
-
-    async def __aenter__(self) -> CachedEngine:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 def _questions_blob(questions: Mapping[str, Question]) -> bytes:

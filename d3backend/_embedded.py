@@ -17,12 +17,13 @@ import multiprocessing
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
+from typing import Self
 
 import httpx
 
 from d3backend import _vllm
 from d3backend._http import make_client
+from d3backend._protocol import Closing
 from d3backend._remote import RemoteEngine
 from d3backend._types import Decided, Question
 from d3backend._wire import JSONValue
@@ -32,7 +33,7 @@ DEFAULT_MODEL = "vllm-sr/d3-mini"
 _BASE_URL = "http://embedded-vllm"
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(Closing):
     """vLLM built in-process from `vllm serve` arguments. `start()` (or `async with`) loads the model."""
 
     def __init__(
@@ -113,14 +114,9 @@ class EmbeddedEngine:
         if stack is not None:
             await stack.aclose()
 
-    async def __aenter__(self) -> EmbeddedEngine:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 def _reap(before: set[multiprocessing.process.BaseProcess], timeout_s: float = 10.0) -> None:

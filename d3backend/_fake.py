@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 from d3backend._answers import answer_from
 from d3backend._errors import EngineError
+from d3backend._protocol import Closing
 from d3backend._types import Answer, Choice, Decided, Noul, Question, Usage
 from d3backend._wire import JSONValue
 
 Table = Mapping[str, Any]
 
 
-class FakeEngine:
+class FakeEngine(Closing):
     """A decision engine that answers from `answers` after `delay_s`, or raises `error`."""
 
     def __init__(
@@ -64,14 +64,6 @@ class FakeEngine:
 
     async def aclose(self) -> None:
         self.closed = True
-
-    async def __aenter__(self) -> FakeEngine:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 def _neutral(question: Question) -> Any:

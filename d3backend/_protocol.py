@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
 
 from d3backend._types import Decided, Question
 from d3backend._wire import JSONValue
@@ -31,3 +32,18 @@ class DecisionEngine(Protocol):
     async def aclose(self) -> None:
         """Release what the engine holds (clients, processes); the engine cannot be used afterwards."""
         ...
+
+
+class Closing:
+    """`async with` for anything with `aclose()`: the engines here share it."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

@@ -16,12 +16,12 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 
 import httpx
 
 from d3backend._errors import EngineBadResponse, EngineError, EngineRejected, EngineTimeout, EngineUnavailable
 from d3backend._http import make_client
+from d3backend._protocol import Closing
 from d3backend._types import Decided, Noul, Question
 from d3backend._wire import JSONValue, error_message, parse_response, request_body
 
@@ -37,7 +37,7 @@ class _Endpoint:
     down_until: float = 0.0
 
 
-class RemoteEngine:
+class RemoteEngine(Closing):
     """A decision engine reached over HTTP. `model` is the served model name; unset, it is read from
     `/v1/models`. An injected `client` is used as it is and never closed here."""
 
@@ -100,14 +100,6 @@ class RemoteEngine:
         self._closed = True
         if self._owns_client:
             await self._client.aclose()
-
-    async def __aenter__(self) -> RemoteEngine:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     # --- internals ---------------------------------------------------------------------------------------------
     async def _discover_model(self) -> str:
