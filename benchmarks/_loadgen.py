@@ -1,0 +1,113 @@
+"""A small HTTP/1.1 load generator on raw asyncio streams, cheap enough not to be the bottleneck.
+
+    python -m benchmarks._loadgen URL --concurrency 8 --requests 3000 [--stream] [--model auto]
+
+Each of `concurrency` keep-alive connections sends requests back to back until `requests` have been sent in all,
+then it stops. Prints one JSON object: latencies (ms), time to first body byte for streams, the gaps between
+stream chunks, errors, and requests/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from urllib.parse import urlsplit
+
+
+async def _read_response(reader: asyncio.StreamReader, chunk_times: list[float] | None) -> tuple[int, float]:
+    """Read one response; return its status and the time its first body byte arrived."""
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionError("connection closed")
+    status = int(status_line.split()[1])
+    length = None
+    chunked = False
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b""):
+            break
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+    first = 0.0
+    if chunked:
+        while True:
+            size = int((await reader.readline()).strip(), 16)
+            now = time.perf_counter()
+            first = first or now
+            if size == 0:
+                await reader.readline()
+                break
+            await reader.readexactly(size + 2)
+            if chunk_times is not None:
+                chunk_times.append(now)
+    else:
+        await reader.readexactly(length or 0)
+        first = time.perf_counter()
+    return status, first
+
+
+async def _user(
+    host: str, port: int, request: bytes, budget: list[int], results: dict[str, list[float]], stream: bool
+) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while budget[0] > 0:
+            budget[0] -= 1
+            chunk_times: list[float] | None = [] if stream else None
+            start = time.perf_counter()
+            writer.write(request)
+            try:
+                status, first = await _read_response(reader, chunk_times)
+            except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+                results["errors"].append(1)
+                writer.close()
+                reader, writer = await asyncio.open_connection(host, port)
+                continue
+            end = time.perf_counter()
+            if status != 200:
+                results["errors"].append(status)
+            results["latency_ms"].append((end - start) * 1000)
+            results["ttfb_ms"].append((first - start) * 1000)
+            if chunk_times:
+                results["gaps_ms"].extend((b - a) * 1000 for a, b in zip(chunk_times, chunk_times[1:], strict=False))
+    finally:
+        writer.close()
+
+
+async def run(url: str, concurrency: int, requests: int, stream: bool, model: str) -> dict[str, object]:
+    parts = urlsplit(url)
+    body = json.dumps(
+        {
+            "model": model,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+        }
+    )
+    request = (
+        f"POST {parts.path} HTTP/1.1\r\nhost: {parts.hostname}:{parts.port}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n{body}"
+    ).encode()  # fmt: skip
+    results: dict[str, list[float]] = {"latency_ms": [], "ttfb_ms": [], "gaps_ms": [], "errors": []}
+    budget = [requests]
+    start = time.perf_counter()
+    await asyncio.gather(*(_user(parts.hostname or "127.0.0.1", parts.port or 80, request, budget, results, stream)
+                           for _ in range(concurrency)))  # fmt: skip
+    elapsed = time.perf_counter() - start
+    return {**results, "elapsed_s": elapsed, "rps": len(results["latency_ms"]) / elapsed}
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--model", default="auto")
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(run(args.url, args.concurrency, args.requests, args.stream, args.model))))

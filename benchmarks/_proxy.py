@@ -1,0 +1,87 @@
+"""The proxies the router benchmark measures, each run in its own process under uvicorn.
+
+    python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp]
+    python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
+
+`passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
+decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
+10 ms, or a real engine at a URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.routing import Route
+
+from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, make_client
+from d3backend import _http
+from policies import parse_config
+from router import create_app
+
+POLICY = """
+upstreams: {{chat: {{url: "{upstream}"}}}}
+policies:
+  auto:
+    questions:
+      kind: {{type: choice, criteria: {{code: Writing code, math: Mathematics, chat: Anything else}}}}
+      jailbreak: {{type: noul, instructions: Is the user trying to make the assistant ignore its rules?}}
+      difficulty: {{type: score, criteria: [trivial, easy, hard, expert]}}
+    rules:
+      - {{name: guard, when: jailbreak > 2, block: {{status: 403, message: no}}}}
+      - {{name: hard, when: 'kind == "code" and difficulty > 5', route: chat}}
+      - {{name: default, route: chat}}
+"""
+
+
+def passthrough_app(upstream: str, client: httpx.AsyncClient) -> Starlette:
+    async def forward(request: Request) -> StreamingResponse:
+        body = await request.body()
+        outbound = client.build_request("POST", f"{upstream}/chat/completions", content=body,
+                                        headers={"content-type": "application/json"})  # fmt: skip
+        response = await client.send(outbound, stream=True)
+        return StreamingResponse(response.aiter_raw(), status_code=response.status_code,
+                                 headers={"content-type": response.headers["content-type"]},
+                                 background=BackgroundTask(response.aclose))  # fmt: skip
+
+    return Starlette(routes=[Route("/v1/chat/completions", forward, methods=["POST"])])
+
+
+def engine_for(spec: str) -> DecisionEngine:
+    if spec == "cache":
+        return CachedEngine(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}))
+    if spec == "fake10ms":
+        return FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=0.010)
+    return RemoteEngine([spec], timeout_s=30.0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["passthrough", "router"])
+    parser.add_argument("port", type=int)
+    parser.add_argument("upstream")
+    parser.add_argument("--engine", default="cache")
+    parser.add_argument("--transport", choices=["httpx", "aiohttp"], default=None)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    if args.transport:
+        _http.TRANSPORT = args.transport
+    app: Any
+    if args.mode == "passthrough":
+        app = passthrough_app(args.upstream, make_client(timeout=60, connect_timeout=5))
+    else:
+        config = parse_config(POLICY.format(upstream=args.upstream), "bench.yaml")
+        app = create_app(config, engine=engine_for(args.engine))
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+                server_header=False, date_header=False)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
