@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import time
 from urllib.parse import urlsplit
@@ -75,7 +76,7 @@ async def _user(
             results["latency_ms"].append((end - start) * 1000)
             results["ttfb_ms"].append((first - start) * 1000)
             if chunk_times:
-                results["gaps_ms"].extend((b - a) * 1000 for a, b in zip(chunk_times, chunk_times[1:], strict=False))
+                results["gaps_ms"].extend((b - a) * 1000 for a, b in itertools.pairwise(chunk_times))
     finally:
         writer.close()
 

@@ -21,8 +21,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, make_client
-from d3backend import _http
+from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, _http, make_client
 from policies import parse_config
 from router import create_app
 

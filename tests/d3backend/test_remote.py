@@ -45,7 +45,8 @@ async def mock() -> AsyncIterator[respx.MockRouter]:
 
 
 def engine(*urls: str, **kwargs: Any) -> RemoteEngine:
-    return RemoteEngine(list(urls), model="vllm-sr/d3-mini", **kwargs)
+    # httpx's own transport, which RESPX intercepts (the production transport runs on aiohttp: test_http.py).
+    return RemoteEngine(list(urls), model="vllm-sr/d3-mini", client=httpx.AsyncClient(), **kwargs)
 
 
 async def test_decide_posts_the_wire_request(mock: respx.MockRouter) -> None:
@@ -73,7 +74,7 @@ async def test_no_key_no_authorization_header(mock: respx.MockRouter) -> None:
 async def test_model_is_discovered_once(mock: respx.MockRouter) -> None:
     models = mock.get(f"{A}/v1/models").mock(return_value=httpx.Response(200, json={"data": [{"id": "served"}]}))
     decide = mock.post(f"{A}/v1/systemone").mock(return_value=ok())
-    async with RemoteEngine([A]) as remote:
+    async with RemoteEngine([A], client=httpx.AsyncClient()) as remote:
         await asyncio.gather(*(remote.decide("x", QUESTIONS) for _ in range(5)))
     assert remote.model == "served"
     assert models.call_count == 1
@@ -82,7 +83,7 @@ async def test_model_is_discovered_once(mock: respx.MockRouter) -> None:
 
 async def test_model_discovery_without_models(mock: respx.MockRouter) -> None:
     mock.get(f"{A}/v1/models").mock(return_value=httpx.Response(200, json={"data": []}))
-    async with RemoteEngine([A]) as remote:
+    async with RemoteEngine([A], client=httpx.AsyncClient()) as remote:
         with pytest.raises(EngineBadResponse, match="lists no model; set the model name"):
             await remote.decide("x", QUESTIONS)
 

@@ -87,9 +87,11 @@ def echo(name: str) -> Any:
 
 @pytest.fixture
 async def app(engine: FakeEngine, mock: respx.MockRouter) -> AsyncIterator[ProxyApp]:
+    # httpx's own transport, which RESPX intercepts (the production transport: tests/d3backend/test_http.py).
     proxy = create_app(
-        parse_config(CONFIG, "c.yaml"), engine=engine, environ={"LARGE_KEY": "sk-large", "D3_ADMIN": "admin"}
-    )
+        parse_config(CONFIG, "c.yaml"), engine=engine, client=httpx.AsyncClient(),
+        environ={"LARGE_KEY": "sk-large", "D3_ADMIN": "admin"},
+    )  # fmt: skip
     yield proxy
     await proxy.aclose()
 
@@ -347,7 +349,7 @@ async def test_reload_needs_the_token_and_keeps_a_good_config(
     path.write_text(CONFIG, encoding="utf-8")
     from policies import load_config
 
-    app = create_app(load_config(path), engine=engine, environ={"D3_ADMIN": "admin"})
+    app = create_app(load_config(path), engine=engine, client=httpx.AsyncClient(), environ={"D3_ADMIN": "admin"})
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
         assert (await http.post("/admin/reload")).status_code == 403
         assert (await http.post("/admin/reload", headers={"authorization": "Bearer wrong"})).status_code == 403
@@ -369,7 +371,7 @@ async def test_decision_log(tmp_path: Path, engine: FakeEngine, mock: respx.Mock
     text = CONFIG.replace(
         "server: {", f"server: {{decision_log: {{path: '{log}', include_text: {str(include_text).lower()}}}, "
     )
-    app = create_app(parse_config(text, "c.yaml"), engine=engine)
+    app = create_app(parse_config(text, "c.yaml"), engine=engine, client=httpx.AsyncClient())
     await app.startup()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
         await http.post("/v1/chat/completions", json=chat("secret python question"), headers={"x-request-id": "req-1"})
