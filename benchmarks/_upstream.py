@@ -41,6 +41,7 @@ class _Protocol(asyncio.Protocol):
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.busy = False
+        self.task: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -66,7 +67,7 @@ class _Protocol(asyncio.Protocol):
             self.buffer = self.buffer[end + 4 + length :]
             if b'"stream":true' in body.replace(b" ", b""):
                 self.busy = True
-                asyncio.ensure_future(self._stream())
+                self.task = asyncio.ensure_future(self._stream())
                 return
             assert self.transport is not None
             self.transport.write(PLAIN)
