@@ -81,9 +81,11 @@ async def _user(
         writer.close()
 
 
-async def run(url: str, concurrency: int, requests: int, stream: bool, model: str) -> dict[str, object]:
+async def run(
+    url: str, concurrency: int, requests: int, stream: bool, model: str, body: str | None = None
+) -> dict[str, object]:
     parts = urlsplit(url)
-    body = json.dumps(
+    body = body or json.dumps(
         {
             "model": model,
             "stream": stream,
@@ -92,7 +94,7 @@ async def run(url: str, concurrency: int, requests: int, stream: bool, model: st
     )
     request = (
         f"POST {parts.path} HTTP/1.1\r\nhost: {parts.hostname}:{parts.port}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body)}\r\n\r\n{body}"
+        f"content-length: {len(body.encode())}\r\n\r\n{body}"
     ).encode()  # fmt: skip
     results: dict[str, list[float]] = {"latency_ms": [], "ttfb_ms": [], "gaps_ms": [], "errors": []}
     budget = [requests]
@@ -110,5 +112,7 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--model", default="auto")
+    parser.add_argument("--body", help="a file whose bytes are sent instead of a chat request")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.url, args.concurrency, args.requests, args.stream, args.model))))
+    body = open(args.body, encoding="utf-8").read() if args.body else None
+    print(json.dumps(asyncio.run(run(args.url, args.concurrency, args.requests, args.stream, args.model, body))))

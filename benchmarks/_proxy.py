@@ -11,10 +11,11 @@ decisions. `router` is d3router's own app with a fake engine answering from its 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import json
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -24,6 +25,7 @@ from starlette.routing import Route
 from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, _http, make_client
 from policies import parse_config
 from router import create_app
+from router._serve import serve_app
 
 POLICY = """
 upstreams: {{chat: {{url: "{upstream}"}}}}
@@ -53,12 +55,30 @@ def passthrough_app(upstream: str, client: httpx.AsyncClient) -> Starlette:
     return Starlette(routes=[Route("/v1/chat/completions", forward, methods=["POST"])])
 
 
+class Counting:
+    """Counts the calls that reach the engine."""
+
+    def __init__(self, engine: DecisionEngine) -> None:
+        self.engine = engine
+        self.calls = 0
+
+    async def decide(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return await self.engine.decide(*args, **kwargs)
+
+    async def probe(self) -> Any:
+        return await self.engine.probe()  # type: ignore[attr-defined]
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+
 def engine_for(spec: str) -> DecisionEngine:
     if spec == "cache":
-        return CachedEngine(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}))
+        return CachedEngine(Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1})))
     if spec == "fake10ms":
-        return FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=0.010)
-    return RemoteEngine([spec], timeout_s=30.0)
+        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=0.010))
+    return Counting(RemoteEngine([spec], timeout_s=30.0))
 
 
 def main() -> None:
@@ -78,8 +98,12 @@ def main() -> None:
     else:
         config = parse_config(POLICY.format(upstream=args.upstream), "bench.yaml")
         app = create_app(config, engine=engine_for(args.engine))
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                server_header=False, date_header=False)  # fmt: skip
+    asyncio.run(serve_app(app, "127.0.0.1", args.port, log_level="warning"))
+    if args.mode == "router":
+        engine = app.service.engine
+        counting = engine.engine if isinstance(engine, CachedEngine) else engine
+        decided = sum(app.service.metrics.requests.values())
+        print(json.dumps({"engine_calls": counting.calls, "decided_requests": decided}), flush=True)
 
 
 if __name__ == "__main__":

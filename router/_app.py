@@ -161,6 +161,8 @@ class ProxyApp:
         try:
             if probe is not None:
                 await probe()
+        except NotImplementedError:
+            pass  # an engine that cannot be probed is taken as ready; its first failure will say otherwise
         except EngineError as exc:
             self.ready, self.ready_error = False, str(exc)
             logger.warning("the decision engine is not ready: %s; policies follow on_engine_error", exc)

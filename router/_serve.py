@@ -10,6 +10,7 @@ import signal
 from collections.abc import Iterator
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from policies import Config
 from router._app import ProxyApp
@@ -29,6 +30,13 @@ class _Server(uvicorn.Server):
 async def serve(config: Config, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0) -> int:
     """Serve until SIGINT/SIGTERM (a second one forces the exit); return the process exit code."""
     app = ProxyApp(config)
+    policies = ", ".join(config.policies) or "none"
+    logger.info("d3router: serving %s on http://%s:%d (policies: %s)", config.file, host, port, policies)
+    return await serve_app(app, host, port, log_level=log_level, poll_s=poll_s)
+
+
+async def serve_app(app: ASGIApp, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0) -> int:
+    """Run any ASGI app under uvicorn until SIGINT/SIGTERM; a `ProxyApp` also reloads its file on change/SIGHUP."""
     server = _Server(
         uvicorn.Config(
             app,
@@ -49,17 +57,18 @@ async def serve(config: Config, host: str, port: int, *, log_level: str = "info"
 
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError):  # no signals on some platforms
-        loop.add_signal_handler(signal.SIGHUP, app.reload)
         loop.add_signal_handler(signal.SIGINT, stop)
         loop.add_signal_handler(signal.SIGTERM, stop)
-    watcher = asyncio.create_task(_watch(app, poll_s))
-    policies = ", ".join(config.policies) or "none"
-    logger.info("d3router: serving %s on http://%s:%d (policies: %s)", config.file, host, port, policies)
+        if isinstance(app, ProxyApp):
+            loop.add_signal_handler(signal.SIGHUP, app.reload)
+    watcher = asyncio.create_task(_watch(app, poll_s)) if isinstance(app, ProxyApp) else None
     try:
         await server.serve()
     finally:
-        watcher.cancel()
-        await app.aclose()  # after a forced exit the lifespan did not run its shutdown
+        if watcher is not None:
+            watcher.cancel()
+        if isinstance(app, ProxyApp):
+            await app.aclose()  # after a forced exit the lifespan did not run its shutdown
     return 0 if server.started else 3
 
 

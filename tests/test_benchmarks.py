@@ -14,9 +14,9 @@ from tests.conftest import require_vllm
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(module: str, results: Path) -> dict[str, object]:
+def run(module: str, results: Path, *extra: str) -> dict[str, object]:
     completed = subprocess.run(
-        [sys.executable, "-m", module, "--quick", "--results", str(results)],
+        [sys.executable, "-m", module, "--quick", "--results", str(results), *extra],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -40,3 +40,14 @@ def test_engine_benchmark_runs(tmp_path: Path) -> None:
     payload = run("benchmarks.engine", tmp_path)
     clients = [row["client"] for row in payload["rows"]]  # type: ignore[index,union-attr]
     assert clients == ["raw httpx", "RemoteEngine", "raw httpx", "RemoteEngine", "CachedEngine hit"]
+
+
+def test_router_benchmark_runs(tmp_path: Path) -> None:
+    payload = run("benchmarks.router", tmp_path, "--no-engine")
+    rows = payload["rows"]
+    assert {row["target"] for row in rows} >= {"direct", "pass-through, httpx pool", "d3router cache hit"}  # type: ignore[union-attr,index]
+    assert all(row["errors"] == 0 for row in rows)  # type: ignore[union-attr,index]
+    extra = json.loads((tmp_path / "router-extra.json").read_text())
+    assert extra["streaming"]["d3router"]["errors"] == 0
+    calls = extra["engine_calls"]["d3router fake engine 10 ms"]
+    assert calls["engine_calls"] == calls["decided_requests"] > 0  # one engine call per uncached request

@@ -382,3 +382,18 @@ async def test_decision_log(tmp_path: Path, engine: FakeEngine, mock: respx.Mock
     assert entry["answers"]["kind"]["choice"] == "code"
     assert ("secret python question" in log.read_text()) is include_text
     assert ("state" in entry) is include_text
+
+
+async def test_an_engine_without_probe_is_taken_as_ready() -> None:
+    class Bare:
+        async def decide(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+        async def aclose(self) -> None:
+            pass
+
+    from d3backend import CachedEngine
+
+    app = create_app(parse_config(CONFIG, "c.yaml"), engine=CachedEngine(Bare()), client=httpx.AsyncClient())
+    assert await app.check_engine() is True
+    assert app.ready
