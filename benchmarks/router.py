@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--engine-requests", type=int, default=600)
     parser.add_argument("--no-engine", action="store_true", help="skip the real-engine rows")
+    parser.add_argument("--only", default="", help="measure only the targets whose name contains this (and direct)")
     args = parser.parse_args()
     requests = 60 if args.quick else args.requests
     engine_requests = 20 if args.quick else args.engine_requests
@@ -131,9 +132,10 @@ def main() -> None:
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
         ]
         for name, spec in targets:
-            rows += measure(name, spec, upstream, levels, requests, extra)
+            if spec is None or args.only in name:
+                rows += measure(name, spec, upstream, levels, requests, extra)
         extra["streaming"] = streaming(f"http://127.0.0.1:{slow_port}/v1", requests // 10 or 10)
-        if not args.no_engine:
+        if not args.no_engine and args.only in "d3router real engine":
             rows += real_engine(work, upstream, levels, engine_requests, extra)
 
     direct = {row["concurrency"]: row for row in rows if row["target"] == "direct"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import anyio
 import httpx
@@ -80,30 +80,45 @@ async def send_error(
     await send_json(send, status, error_payload(message, type_, code, param), headers)
 
 
-async def relay(response: httpx.Response, receive: Receive, send: Send, extra: Headers) -> None:
-    """Send `response` to the client as it arrives: status, headers (hop-by-hop removed), raw bytes. A client
-    that disconnects cancels the relay, and the upstream response is closed either way."""
+async def cancel_on_disconnect(receive: Receive, work: Callable[[], Awaitable[None]]) -> None:
+    """Run `work` (the request body already read), cancelling it if the client disconnects meanwhile: a client
+    that goes away while the upstream generates, or streams, ends the upstream request too."""
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            while True:
+                message: Message = await receive()
+                if message["type"] == "http.disconnect":
+                    group.cancel_scope.cancel()
+                    return
+
+        group.start_soon(watch)
+        await work()
+        group.cancel_scope.cancel()
+
+
+SMALL_BODY = 64 * 1024
+
+
+async def relay(response: httpx.Response, send: Send, extra: Headers) -> None:
+    """Send `response` to the client as it arrives: status, headers (hop-by-hop removed), raw bytes; a small body
+    with a known length goes in one piece. The upstream response is closed either way."""
     headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
     try:
-        async with anyio.create_task_group() as group:
-
-            async def watch_disconnect() -> None:
-                while True:
-                    message: Message = await receive()
-                    if message["type"] == "http.disconnect":
-                        group.cancel_scope.cancel()
-                        return
-
-            group.start_soon(watch_disconnect)
+        length = response.headers.get("content-length")
+        try:
+            if length is not None and length.isdigit() and int(length) <= SMALL_BODY:
+                body = b"".join([chunk async for chunk in response.aiter_raw()])
+                await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
             await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-            try:
-                async for chunk in response.aiter_raw():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as exc:
-                logger.warning("the upstream's response broke off mid-stream: %s", type(exc).__name__)
-                raise UpstreamBroke from exc
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-            group.cancel_scope.cancel()
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            logger.warning("the upstream's response broke off mid-way: %s", type(exc).__name__)
+            raise UpstreamBroke from exc
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         await response.aclose()
 

@@ -35,10 +35,13 @@ class SlowStreamingUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        while (await receive()).get("more_body"):
-            pass
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
         self.started.set()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
 
         async def watch() -> None:
             while (await receive())["type"] != "http.disconnect":
@@ -46,6 +49,11 @@ class SlowStreamingUpstream:
             self.disconnected.set()
 
         watcher = asyncio.create_task(watch())
+        if b"think long" in body:  # a non-streamed answer that takes its time before any header
+            await asyncio.sleep(5)
+            watcher.cancel()
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         try:
             for index in range(CHUNKS):
                 if self.disconnected.is_set():
@@ -150,3 +158,14 @@ def test_blocked_stream_gets_an_error_before_any_stream(stack: tuple[Served, Slo
     assert response.status_code == 403
     assert response.headers["content-type"] == "application/json"
     assert not upstream.started.is_set()
+
+
+def test_client_disconnect_before_the_answer_closes_the_upstream_request(
+    stack: tuple[Served, SlowStreamingUpstream],
+) -> None:
+    proxy, upstream = stack
+    body = {"model": "auto", "messages": [{"role": "user", "content": "think long"}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
+    assert upstream.started.is_set()
+    assert upstream.disconnected.wait(1.0), "the upstream was still generating a second after the client left"
