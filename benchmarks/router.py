@@ -135,6 +135,8 @@ def main() -> None:
             if spec is None or args.only in name:
                 rows += measure(name, spec, upstream, levels, requests, extra)
         extra["streaming"] = streaming(f"http://127.0.0.1:{slow_port}/v1", requests // 10 or 10)
+        if args.only in "d3router serve, remote engine":
+            rows += workers(work, upstream, levels, requests)
         if not args.no_engine and args.only in "d3router real engine":
             rows += real_engine(work, upstream, levels, engine_requests, extra)
 
@@ -171,6 +173,53 @@ def measure(
         if line.startswith("{"):
             extra.setdefault("engine_calls", {})[name] = json.loads(line)
     return out
+
+
+def workers(work: Path, upstream: str, levels: tuple[int, ...], requests: int) -> list[dict[str, Any]]:
+    """`d3router serve --workers N` in remote-engine mode (a canned engine, decisions cached), unpinned."""
+    engine_port = free_port()
+    rows = []
+    with process([PY, "-m", "benchmarks._canned", str(engine_port)], f"http://127.0.0.1:{engine_port}/v1/systemone"):
+        from benchmarks._proxy import POLICY
+
+        config = work / "serve.yaml"
+        config.write_text(
+            f"engine: {{remote: {{urls: ['http://127.0.0.1:{engine_port}'], model: d3-tiny}}}}\n"
+            + POLICY.format(upstream=upstream),
+            encoding="utf-8",
+        )
+        for count in (1, 2):
+            port = free_port()
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            argv = [PY, "-m", "router", "serve", str(config), "--port", str(port), "--workers", str(count),
+                    "--log-level", "warning"]  # fmt: skip
+            with process(argv, url) as proc:
+                load(url, 8, 200)
+                for c in levels:
+                    row = summarize(f"d3router serve, remote engine, {count} worker{'s' if count > 1 else ''}", c,
+                                    load(url, c, requests))  # fmt: skip
+                    pids = [proc.pid] if count == 1 else _children(proc.pid)
+                    row["peak RSS MB"] = round(max(peak_rss_mb(pid) for pid in pids), 1)
+                    rows.append(row)
+    return rows
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return [pid]
+    children = [int(child) for child in text.split()]
+    return [child for child in children if "router._serve" in _cmdline(child) or "spawn_main" in _cmdline(child)] or [
+        pid
+    ]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
 
 
 def streaming(upstream: str, requests: int) -> dict[str, Any]:

@@ -94,6 +94,8 @@ class ProxyApp:
         self.ready = engine is None
         self._closed = False
         self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)
+        self._background: list[Any] = []
         self.ready_error: str | None = None if self.ready else "the engine has not started"
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Any]] = {
             ("POST", "/v1/chat/completions"): self.chat,
@@ -141,18 +143,19 @@ class ProxyApp:
                 return
 
     async def startup(self) -> None:
+        """Open the decision log, start and probe the engine, run the `on_startup` hooks."""
         log = self.config.server.decision_log
         if log is not None and self.service.decision_log is None:
             path = Path(log.path)
             path.parent.mkdir(parents=True, exist_ok=True)
             self.service.decision_log = open(path, "a", encoding="utf-8")
         engine = self.service.engine
-        if engine is None:
-            return
-        inner = engine.engine if isinstance(engine, CachedEngine) else engine
-        if isinstance(inner, EmbeddedEngine):
-            await inner.start()
-        await self.check_engine()
+        if engine is not None:
+            inner = engine.engine if isinstance(engine, CachedEngine) else engine
+            if isinstance(inner, EmbeddedEngine):
+                await inner.start()
+            await self.check_engine()
+        self._background = [hook() for hook in self.on_startup]
 
     async def check_engine(self) -> bool:
         """Probe the engine; `/readyz` reports the outcome. A failing engine does not stop the router."""
@@ -177,6 +180,9 @@ class ProxyApp:
         if self._closed:
             return
         self._closed = True
+        for task in self._background:
+            if hasattr(task, "cancel"):
+                task.cancel()
         if self._owns_engine and self.service.engine is not None:
             await self.service.engine.aclose()
         if self._owns_client:

@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("file")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--workers", type=int, default=1, help="processes (remote engine only); default 1")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(run=_serve)
     check = commands.add_parser("check", help="validate a configuration file and summarize it")
@@ -74,9 +75,11 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import asyncio
     import logging
 
-    from router._serve import serve
+    from router._serve import serve, serve_workers
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.workers > 1:
+        return serve_workers(config, args.host, args.port, args.workers, log_level=args.log_level)
     try:
         return asyncio.run(serve(config, args.host, args.port, log_level=args.log_level))
     except KeyboardInterrupt:

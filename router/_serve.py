@@ -35,6 +35,31 @@ async def serve(config: Config, host: str, port: int, *, log_level: str = "info"
     return await serve_app(app, host, port, log_level=log_level, poll_s=poll_s)
 
 
+CONFIG_ENV = "D3ROUTER_CONFIG"
+
+
+def serve_workers(config: Config, host: str, port: int, workers: int, *, log_level: str = "info") -> int:
+    """Serve with `workers` processes (uvicorn's supervisor): each loads the file and watches it for changes;
+    SIGHUP restarts the workers. The embedded engine lives in one process, so it needs `workers == 1`."""
+    if config.engine.kind == "embedded" and any(policy.questions for policy in config.policies.values()):
+        logger.error("--workers %d needs a remote engine: the embedded engine runs inside one process", workers)
+        return 2
+    os.environ[CONFIG_ENV] = os.path.abspath(config.file)
+    logger.info("d3router: serving %s on http://%s:%d with %d workers", config.file, host, port, workers)
+    uvicorn.run("router._serve:worker_app", factory=True, host=host, port=port, workers=workers, lifespan="on",
+                log_level=log_level, access_log=False, server_header=False, date_header=False)  # fmt: skip
+    return 0
+
+
+def worker_app() -> ProxyApp:
+    """The app of one worker process (`serve_workers`)."""
+    from policies import load_config
+
+    app = ProxyApp(load_config(os.environ[CONFIG_ENV]))
+    app.on_startup.append(lambda: asyncio.create_task(_watch(app, 1.0)))
+    return app
+
+
 async def serve_app(app: ASGIApp, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0) -> int:
     """Run any ASGI app under uvicorn until SIGINT/SIGTERM; a `ProxyApp` also reloads its file on change/SIGHUP."""
     server = _Server(

@@ -87,3 +87,36 @@ def test_hot_reload_on_change_and_sighup(served: tuple[str, Path, subprocess.Pop
     assert "reload of" in output and "failed, keeping the running configuration" in output
     assert "serving" in output and "http://127.0.0.1:" in output
     assert "Traceback" not in output
+
+
+def test_workers_need_a_remote_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(CONFIG.format(policies="  auto: {questions: {j: {type: noul}}, rules: [{name: a, when: j > 0.5,"
+                                  " route: small}, {name: default, route: small}]}"), encoding="utf-8")  # fmt: skip
+    assert main(["serve", str(path), "--workers", "2"]) == 2
+
+
+def test_two_workers_serve_and_reload(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(CONFIG.format(policies=policies("first")), encoding="utf-8")
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(path), "--port", str(port),
+                                "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_for(lambda: _alive(url), 30), "the workers did not start"
+        assert all(models(url) == ["first"] for _ in range(10))
+        path.write_text(CONFIG.format(policies=policies("second")), encoding="utf-8")
+        assert wait_for(lambda: all(models(url) == ["second"] for _ in range(10)), 10), "not every worker reloaded"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=30)[0].decode()
+    assert "with 2 workers" in output
+    assert output.count("Application startup complete") == 2
+
+
+def _alive(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
