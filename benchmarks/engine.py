@@ -35,6 +35,7 @@ from d3backend import (
     Score,
     VllmServer,
     free_port,
+    make_client,
     make_model,
 )
 from d3backend._wire import request_body
@@ -68,22 +69,29 @@ async def measure(calls: dict[str, Call], requests: int, rounds: int) -> dict[st
 
 
 async def client_calls(url: str) -> tuple[dict[str, Call], Callable[[], Awaitable[None]]]:
-    """Raw httpx and RemoteEngine against `url`, and a function closing both."""
+    """Raw httpx (on its own pool, and on the transport RemoteEngine uses) and RemoteEngine against `url`, and a
+    function closing them."""
     body = request_body(MODEL, STATE, QUESTIONS)
-    raw_client = httpx.AsyncClient(timeout=10.0)
+    clients = {"raw httpx": httpx.AsyncClient(timeout=10.0),
+               "raw httpx, aiohttp pool": make_client(timeout=10.0, connect_timeout=10.0)}  # fmt: skip
     remote = RemoteEngine([url], model=MODEL, timeout_s=10.0)
 
-    async def raw() -> object:
-        response = await raw_client.post(
-            f"{url}/v1/systemone", content=body, headers={"content-type": "application/json"}
-        )
-        return response.json()
+    def raw(client: httpx.AsyncClient) -> Call:
+        async def call() -> object:
+            response = await client.post(
+                f"{url}/v1/systemone", content=body, headers={"content-type": "application/json"}
+            )
+            return response.json()
+
+        return call
 
     async def close() -> None:
-        await raw_client.aclose()
+        for client in clients.values():
+            await client.aclose()
         await remote.aclose()
 
-    return {"raw httpx": raw, "RemoteEngine": lambda: remote.decide(STATE, QUESTIONS)}, close
+    calls = {name: raw(client) for name, client in clients.items()}
+    return {**calls, "RemoteEngine": lambda: remote.decide(STATE, QUESTIONS)}, close
 
 
 def wait_for(url: str, timeout_s: float = 20.0) -> None:
@@ -151,7 +159,7 @@ async def run(requests: int, rounds: int, with_embedded: bool) -> list[dict[str,
 
 
 def _rows(engine: str, samples: dict[str, list[float]]) -> list[dict[str, object]]:
-    floor = statistics.median(samples["raw httpx"])
+    floor = statistics.median(samples["raw httpx, aiohttp pool"])  # the same transport as RemoteEngine
     rows: list[dict[str, object]] = []
     for name, values in samples.items():
         p50 = statistics.median(values)
