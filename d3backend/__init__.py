@@ -41,7 +41,7 @@ from d3backend._types import (
     ScoreAnswer,
     Usage,
 )
-from d3backend._wire import JSONValue
+from d3backend._wire import JSONValue, json_bytes
 
 __all__ = [
     "D3_MAX_OPTIONS",
@@ -76,6 +76,7 @@ __all__ = [
     "answer_from",
     "cache_key",
     "free_port",
+    "json_bytes",
     "make_client",
     "make_model",
 ]

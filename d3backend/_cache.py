@@ -21,7 +21,7 @@ from cachetools import TTLCache
 
 from d3backend._protocol import Closing, DecisionEngine
 from d3backend._types import Decided, Question
-from d3backend._wire import JSONValue
+from d3backend._wire import JSONValue, json_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,7 @@ class CachedEngine(Closing):
 
 
 def _questions_blob(questions: Mapping[str, Question]) -> bytes:
-    return json.dumps([(qid, q.to_wire()) for qid, q in questions.items()], ensure_ascii=False).encode()
+    return json_bytes([(qid, q.to_wire()) for qid, q in questions.items()])
 
 
 def cache_key(

@@ -50,7 +50,16 @@ def request_body(
         body["images"] = list(images)
     if videos:
         body["videos"] = list(videos)
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return json_bytes(body)
+
+
+def json_bytes(value: Any) -> bytes:
+    """Compact UTF-8 JSON. Text that cannot be UTF-8 (a lone surrogate, which JSON input may carry as \\ud800)
+    is written escaped instead, so it still reaches the other side as the same JSON string."""
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
 
 
 class _Lenient(BaseModel):

@@ -23,7 +23,15 @@ from typing import Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from d3backend import CachedEngine, DecisionEngine, EmbeddedEngine, EngineError, RemoteEngine, make_client
+from d3backend import (
+    CachedEngine,
+    DecisionEngine,
+    EmbeddedEngine,
+    EngineError,
+    RemoteEngine,
+    json_bytes,
+    make_client,
+)
 from policies import Block, Config, ConfigError, EngineSettings, UpstreamSettings, load_config
 from router._http import (
     NOT_FORWARDED_RAW,
@@ -366,7 +374,7 @@ class ProxyApp:
             return
         payload = d3.explain()
         payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
-        await send_json(send, 200, json.dumps(payload, ensure_ascii=False).encode())
+        await send_json(send, 200, json_bytes(payload))
 
     async def healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_json(send, 200, b'{"status":"ok"}')
@@ -424,7 +432,7 @@ def _rewrite(raw: bytes, body: dict[str, Any], model: str | None, params: Mappin
     changed = {**body, **params}
     if model is not None:
         changed["model"] = model
-    return json.dumps(changed, ensure_ascii=False).encode()
+    return json_bytes(changed)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

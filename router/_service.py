@@ -8,14 +8,13 @@ d3.decision.action, d3.headers(upstream="large")
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from d3backend import Answer, ChoiceAnswer, DecisionEngine, EngineError, NoulAnswer, ScoreAnswer
+from d3backend import Answer, ChoiceAnswer, DecisionEngine, EngineError, NoulAnswer, ScoreAnswer, json_bytes
 from policies import Block, Config, Decision, Policy, Route
 from router._metrics import Metrics
 from router._state import DecisionState, MediaRules, extract_state
@@ -171,7 +170,7 @@ class RouterService:
         if settings is not None and settings.include_text:
             entry["state"] = d3.state.state
         assert self.decision_log is not None  # checked by the caller
-        self.decision_log.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        self.decision_log.write(json_bytes(entry).decode() + "\n")
         self.decision_log.flush()
 
 

@@ -180,3 +180,11 @@ def test_bad_responses(body: bytes, message: str) -> None:
 )
 def test_error_messages_of_other_servers(status: int, body: bytes, message: str) -> None:
     assert error_message(status, body) == message
+
+
+def test_a_lone_surrogate_in_the_state_is_sent_escaped() -> None:
+    raw = request_body("m", "a\ud800b é", {"q": Noul(None)})
+    assert b"\\ud800" in raw
+    assert json.loads(raw)["state"] == "a\ud800b é"
+    assert "é".encode() not in raw  # the fallback escapes everything, which is still the same JSON
+    assert "é".encode() in request_body("m", "b é", {"q": Noul(None)})
