@@ -76,6 +76,8 @@ class Counting:
 def engine_for(spec: str) -> DecisionEngine:
     if spec == "cache":
         return CachedEngine(Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1})))
+    if spec == "fake":
+        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}))
     if spec == "fake10ms":
         return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=0.010))
     return Counting(RemoteEngine([spec], timeout_s=30.0))
