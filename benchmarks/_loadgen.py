@@ -53,6 +53,27 @@ async def _read_response(reader: asyncio.StreamReader, chunk_times: list[float] 
     return status, first
 
 
+async def _leave_early(
+    host: str, port: int, request: bytes, budget: list[int], results: dict[str, list[float]]
+) -> None:
+    """Ask for a stream, read its head and first chunk, then hang up: a client that walks away mid-stream."""
+    while budget[0] > 0:
+        budget[0] -= 1
+        reader, writer = await asyncio.open_connection(host, port)
+        start = time.perf_counter()
+        writer.write(request)
+        try:
+            status = int((await reader.readline()).split()[1])
+            await reader.readuntil(b"\r\n\r\n")
+            await reader.readline()  # the first chunk's size line: the stream has started
+            if status != 200:
+                results["errors"].append(status)
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError):
+            results["errors"].append(1)
+        writer.close()
+        results["latency_ms"].append((time.perf_counter() - start) * 1000)
+
+
 async def _user(
     host: str, port: int, request: bytes, budget: list[int], results: dict[str, list[float]], stream: bool
 ) -> None:
@@ -82,7 +103,13 @@ async def _user(
 
 
 async def run(
-    url: str, concurrency: int, requests: int, stream: bool, model: str, body: str | None = None
+    url: str,
+    concurrency: int,
+    requests: int,
+    stream: bool,
+    model: str,
+    body: str | None = None,
+    leave_early: bool = False,
 ) -> dict[str, object]:
     parts = urlsplit(url)
     body = body or json.dumps(
@@ -99,7 +126,11 @@ async def run(
     results: dict[str, list[float]] = {"latency_ms": [], "ttfb_ms": [], "gaps_ms": [], "errors": []}
     budget = [requests]
     start = time.perf_counter()
-    await asyncio.gather(*(_user(parts.hostname or "127.0.0.1", parts.port or 80, request, budget, results, stream)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    if leave_early:
+        await asyncio.gather(*(_leave_early(host, port, request, budget, results) for _ in range(concurrency)))
+        return {**results, "elapsed_s": time.perf_counter() - start, "rps": 0.0}
+    await asyncio.gather(*(_user(host, port, request, budget, results, stream)
                            for _ in range(concurrency)))  # fmt: skip
     elapsed = time.perf_counter() - start
     return {**results, "elapsed_s": elapsed, "rps": len(results["latency_ms"]) / elapsed}
@@ -113,6 +144,9 @@ if __name__ == "__main__":
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--model", default="auto")
     parser.add_argument("--body", help="a file whose bytes are sent instead of a chat request")
+    parser.add_argument("--leave-early", action="store_true", help="hang up each stream after its first chunk")
     args = parser.parse_args()
     body = open(args.body, encoding="utf-8").read() if args.body else None
-    print(json.dumps(asyncio.run(run(args.url, args.concurrency, args.requests, args.stream, args.model, body))))
+    result = asyncio.run(run(args.url, args.concurrency, args.requests, args.stream or args.leave_early, args.model,
+                             body, args.leave_early))  # fmt: skip
+    print(json.dumps(result))

@@ -4,7 +4,7 @@ router's cost is what the benchmark sees.
     python -m benchmarks._upstream PORT [--gap-ms 0]
 
 `POST .../chat/completions` answers a fixed completion, or, when the body asks `"stream": true`, an SSE stream of
-5 chunks `--gap-ms` apart (chunked encoding). Keep-alive, HTTP/1.1 only, loopback only.
+5 chunks and [DONE], the first at once and the rest `--gap-ms` apart (chunked encoding). Keep-alive, HTTP/1.1 only, loopback only.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class _Protocol(asyncio.Protocol):
     async def _stream(self) -> None:
         assert self.transport is not None
         self.transport.write(STREAM_HEAD)
-        for data in CHUNKS:
-            if self.gap_s:
+        for index, data in enumerate(CHUNKS):
+            if self.gap_s and index:  # the first chunk at once, then one every gap
                 await asyncio.sleep(self.gap_s)
             if self.transport.is_closing():
                 return

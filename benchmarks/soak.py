@@ -40,11 +40,56 @@ def sockets(pid: int) -> int:
     return count
 
 
+def leave_early(count: int) -> dict[str, float]:
+    """`count` streams abandoned after their first chunk, against an upstream whose streams last 25 s: the router
+    must close each upstream request when its client leaves, so its sockets are back to idle within seconds
+    (a leaked upstream request would hold its connection for the rest of those 25 s)."""
+    up_port, port = free_port(), free_port()
+    upstream = f"http://127.0.0.1:{up_port}/v1"
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    with process([*_pin(0), PY, "-m", "benchmarks._upstream", str(up_port), "--gap-ms", "5000"],
+                 f"{upstream}/chat/completions"), \
+            process([*_pin(1), PY, "-m", "benchmarks._proxy", "router", str(port), upstream, "--engine", "fake"],
+                    url) as router:  # fmt: skip
+        before, rss_before = sockets(router.pid), rss_mb(router.pid)
+        out = subprocess.run(
+            [
+                *_pin(0),
+                PY,
+                "-m",
+                "benchmarks._loadgen",
+                url,
+                "--concurrency",
+                "16",
+                "--requests",
+                str(count),
+                "--leave-early",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=900,
+        )
+        result = json.loads(out.stdout)
+        deadline = time.monotonic() + 8
+        while (after := sockets(router.pid)) > before and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return {
+            "disconnects": len(result["latency_ms"]),
+            "disconnect errors": len(result["errors"]),
+            "sockets before disconnects": before,
+            "sockets after disconnects": after,
+            "RSS before disconnects MB": round(rss_before, 1),
+            "RSS after disconnects MB": round(rss_mb(router.pid), 1),
+        }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     add_arguments(parser)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--disconnects", type=int, default=1000, help="streams the client abandons mid-way")
     args = parser.parse_args()
     requests = 2_000 if args.quick and args.requests == 20_000 else args.requests
     streamed_share = 4  # one connection in four streams
@@ -84,6 +129,7 @@ def main() -> int:
         while (after_sockets := sockets(router.pid)) > idle_sockets and time.monotonic() < deadline:
             time.sleep(0.5)
         peak = peak_rss_mb(router.pid)
+    left = leave_early(args.disconnects if not args.quick else 200)
     served = sum(len(result["latency_ms"]) for result in results)
     errors = sum(len(result["errors"]) for result in results)
     quarter = max(1, len(samples) // 4)
@@ -95,6 +141,7 @@ def main() -> int:
         "RSS first quarter MB": round(first, 1), "RSS last quarter MB": round(last, 1),
         "RSS growth %": round(growth, 2), "peak RSS MB": round(peak, 1),
         "sockets idle before": idle_sockets, "sockets idle after": after_sockets,
+        **left,
     }  # fmt: skip
     print(write("soak", [row], list(row), "python -m benchmarks.soak", args.results))
     failures = []
@@ -104,6 +151,8 @@ def main() -> int:
         failures.append(f"RSS grew {growth:.1f}% between the first and last quarter")
     if after_sockets > idle_sockets:
         failures.append(f"{after_sockets - idle_sockets} sockets still open after the load")
+    if left["disconnect errors"] or left["sockets after disconnects"] > left["sockets before disconnects"]:
+        failures.append(f"after {left['disconnects']} abandoned streams: {left}")
     for failure in failures:
         print(f"soak: FAILED: {failure}", file=sys.stderr)
     return 1 if failures else 0
