@@ -4,7 +4,8 @@ router's cost is what the benchmark sees.
     python -m benchmarks._upstream PORT [--gap-ms 0]
 
 `POST .../chat/completions` answers a fixed completion, or, when the body asks `"stream": true`, an SSE stream of
-5 chunks and [DONE], the first at once and the rest `--gap-ms` apart (chunked encoding). Keep-alive, HTTP/1.1 only, loopback only.
+5 chunks and [DONE], the first at once and the rest `--gap-ms` apart (chunked encoding). Keep-alive, HTTP/1.1
+only, loopback only.
 """
 
 from __future__ import annotations
