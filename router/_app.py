@@ -380,8 +380,8 @@ class ProxyApp:
         await send_json(send, 200, b'{"status":"ok"}')
 
     async def readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.ready:
-            await self.check_engine()
+        """Ready while the engine answers: each call probes it (one small request; probes are not cached)."""
+        await self.check_engine()
         if self.ready:
             await send_json(send, 200, b'{"status":"ready"}')
         else:
