@@ -397,3 +397,36 @@ async def test_an_engine_without_probe_is_taken_as_ready() -> None:
     app = create_app(parse_config(CONFIG, "c.yaml"), engine=CachedEngine(Bare()), client=httpx.AsyncClient())
     assert await app.check_engine() is True
     assert app.ready
+
+
+async def test_keys_are_never_echoed_or_logged(
+    client: httpx.AsyncClient, mock: respx.MockRouter, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    mock.post("http://large.test/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
+    mock.post("http://backup.test/v1/chat/completions").mock(return_value=httpx.Response(503))
+    response = await client.post("/v1/chat/completions", json=chat("python"))
+    assert "sk-large" not in response.text
+    assert all("sk-large" not in value for value in response.headers.values())
+    assert "sk-large" not in caplog.text
+    explain = await client.post("/v1/d3/explain", json=chat("python"))
+    assert "sk-large" not in explain.text
+
+
+async def test_header_values_from_answers_are_sanitized(mock: respx.MockRouter) -> None:
+    config = parse_config("""
+upstreams: {small: {url: http://small.test/v1}}
+policies:
+  auto:
+    questions: {kind: {type: choice, criteria: {"café\\r\\nx-evil: 1": null, "日本": null}}}
+    rules:
+      - {name: default, when: 'kind["日本"] >= 0', route: small}
+      - {name: fallback, route: small}
+""")
+    app = create_app(config, engine=FakeEngine({"kind": "café\r\nx-evil: 1"}), client=httpx.AsyncClient())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+        response = await http.post("/v1/chat/completions", json=chat())
+    assert response.status_code == 200
+    assert "x-evil" not in response.headers
+    assert response.headers["x-d3-answers"].startswith("kind=caf")
+    assert "\r" not in response.headers["x-d3-answers"] and "\n" not in response.headers["x-d3-answers"]
