@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 from d3backend import free_port
 from policies import parse_config
 from router import create_app
+from router._http import read_body
 from tests.router.test_sockets import Served
 
 ANSWER = {"answers": {"j": {"type": "noul", "noul": 0.1, "probabilities": {"yes": 0.1, "no": 0.9}}}}
@@ -33,12 +34,7 @@ class Engine:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        raw = b""
-        while True:
-            message = await receive()
-            raw += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        raw = await read_body(receive, 1 << 20)
         asked = json.loads(raw or b"{}").get("questions", {})
         noul = ANSWER["answers"]["j"]
         status, body = 200, json.dumps({"answers": dict.fromkeys(asked, noul)}).encode()
@@ -67,8 +63,7 @@ class Upstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        while (await receive()).get("more_body"):
-            pass
+        await read_body(receive, 1 << 20)
         if self.mode == "hang":
             await asyncio.sleep(30)
         if self.mode == "break":

@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 from d3backend import FakeEngine, free_port
 from policies import parse_config
 from router import create_app
+from router._http import read_body
 
 CHUNKS = 5
 GAP_S = 0.3
@@ -35,12 +36,7 @@ class SlowStreamingUpstream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            message = await receive()
-            body += message.get("body", b"")
-            if not message.get("more_body"):
-                break
+        body = await read_body(receive, 1 << 20)
         self.started.set()
 
         async def watch() -> None:
