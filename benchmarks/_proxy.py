@@ -73,6 +73,26 @@ class Counting:
         await self.engine.aclose()
 
 
+def with_task_count(app: Any) -> Any:
+    """`GET /_tasks` answers how many asyncio tasks the proxy process has (the soak's leak check)."""
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/_tasks":
+            body = str(len(asyncio.all_tasks())).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-length", str(len(body)).encode())],
+                }
+            )
+            await send({"type": "http.response.body", "body": body})
+            return
+        await app(scope, receive, send)
+
+    return wrapped
+
+
 def engine_for(spec: str) -> DecisionEngine:
     if spec == "cache":
         return CachedEngine(Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1})))
@@ -100,7 +120,9 @@ def main() -> None:
     else:
         config = parse_config(POLICY.format(upstream=args.upstream), "bench.yaml")
         app = create_app(config, engine=engine_for(args.engine))
-    asyncio.run(serve_app(app, "127.0.0.1", args.port, log_level="warning"))
+    asyncio.run(serve_app(with_task_count(app), "127.0.0.1", args.port, log_level="warning"))
+    if args.mode == "router":
+        asyncio.run(app.aclose())  # serve_app closes only a bare ProxyApp
     if args.mode == "router":
         engine = app.service.engine
         counting = engine.engine if isinstance(engine, CachedEngine) else engine

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
+
 from benchmarks._report import add_arguments, write
 from benchmarks.router import PY, _pin, peak_rss_mb, process
 from d3backend import free_port
@@ -40,6 +42,11 @@ def sockets(pid: int) -> int:
     return count
 
 
+def tasks(port: int) -> int:
+    """The asyncio tasks alive in the proxy (its `/_tasks` answer counts the task answering it too)."""
+    return int(httpx.get(f"http://127.0.0.1:{port}/_tasks", timeout=5).text)
+
+
 def leave_early(count: int) -> dict[str, float]:
     """`count` streams abandoned after their first chunk, against an upstream whose streams last 25 s: the router
     must close each upstream request when its client leaves, so its sockets are back to idle within seconds
@@ -51,7 +58,7 @@ def leave_early(count: int) -> dict[str, float]:
                  f"{upstream}/chat/completions"), \
             process([*_pin(1), PY, "-m", "benchmarks._proxy", "router", str(port), upstream, "--engine", "fake"],
                     url) as router:  # fmt: skip
-        before, rss_before = sockets(router.pid), rss_mb(router.pid)
+        before, rss_before, tasks_before = sockets(router.pid), rss_mb(router.pid), tasks(port)
         out = subprocess.run(
             [
                 *_pin(0),
@@ -79,6 +86,8 @@ def leave_early(count: int) -> dict[str, float]:
             "disconnect errors": len(result["errors"]),
             "sockets before disconnects": before,
             "sockets after disconnects": after,
+            "tasks before disconnects": tasks_before,
+            "tasks after disconnects": tasks(port),
             "RSS before disconnects MB": round(rss_before, 1),
             "RSS after disconnects MB": round(rss_mb(router.pid), 1),
         }
@@ -151,7 +160,11 @@ def main() -> int:
         failures.append(f"RSS grew {growth:.1f}% between the first and last quarter")
     if after_sockets > idle_sockets:
         failures.append(f"{after_sockets - idle_sockets} sockets still open after the load")
-    if left["disconnect errors"] or left["sockets after disconnects"] > left["sockets before disconnects"]:
+    if (
+        left["disconnect errors"]
+        or left["sockets after disconnects"] > left["sockets before disconnects"]
+        or left["tasks after disconnects"] > left["tasks before disconnects"]
+    ):
         failures.append(f"after {left['disconnects']} abandoned streams: {left}")
     for failure in failures:
         print(f"soak: FAILED: {failure}", file=sys.stderr)
