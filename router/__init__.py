@@ -5,7 +5,8 @@ app = create_app(load_config("router.yaml"))            # the proxy, an ASGI app
 app.add_middleware(D3RouterMiddleware, config="router.yaml")   # or decisions inside your own app
 """
 
-from router._app import ProxyApp, build_engine, create_app
+from router._app import ProxyApp, create_app
+from router._engines import build_engine
 from router._middleware import D3RouterMiddleware
 from router._service import D3Decision, RouterService, format_answers
 from router._state import BadChatRequest, DecisionState, MediaRules, extract_state

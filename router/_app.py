@@ -28,11 +28,11 @@ from d3backend import (
     DecisionEngine,
     EmbeddedEngine,
     EngineError,
-    RemoteEngine,
     json_bytes,
     make_client,
 )
-from policies import Block, Config, ConfigError, EngineSettings, UpstreamSettings, load_config
+from policies import Block, Config, ConfigError, UpstreamSettings, load_config
+from router._engines import Environ, build_engine
 from router._http import (
     NOT_FORWARDED_RAW,
     BodyTooLarge,
@@ -49,35 +49,6 @@ from router._service import D3Decision, RouterService
 from router._state import BadChatRequest
 
 logger = logging.getLogger(__name__)
-Environ = Mapping[str, str]
-
-
-def build_engine(settings: EngineSettings, *, base_dir: Path, environ: Environ) -> DecisionEngine:
-    """The engine the configuration describes, behind the decision cache unless `cache.max_entries` is 0."""
-    engine: DecisionEngine
-    if settings.remote is not None:
-        remote = settings.remote
-        key = environ.get(remote.api_key_env) if remote.api_key_env else None
-        engine = RemoteEngine(
-            remote.urls, model=remote.model, timeout_s=remote.timeout_s, connect_timeout_s=remote.connect_timeout_s,
-            api_key=key,
-        )  # fmt: skip
-    else:
-        embedded = settings.embedded
-        model = embedded.model if embedded else "vllm-sr/d3-mini"
-        if model.startswith(("./", "../")):  # a local model directory, relative to the configuration file
-            model = str((base_dir / model).resolve())
-        engine = EmbeddedEngine(
-            model,
-            served_model_name=embedded.served_model_name if embedded else None,
-            max_model_len=embedded.max_model_len if embedded else None,
-            dtype=embedded.dtype if embedded else "auto",
-            kv_cache_memory_bytes=embedded.kv_cache_memory_bytes if embedded else None,
-            extra_args=embedded.args if embedded else (),
-        )
-    if settings.cache.max_entries:
-        engine = CachedEngine(engine, max_entries=settings.cache.max_entries, ttl_s=settings.cache.ttl_s)
-    return engine
 
 
 class ProxyApp:

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from d3backend import DecisionEngine, EmbeddedEngine
 from policies import Block, Config, load_config
-from router._app import build_engine
+from router._engines import build_engine
 from router._http import BodyTooLarge, encode_headers, read_body, send_error
 from router._service import RouterService
 from router._state import BadChatRequest

@@ -1,0 +1,39 @@
+"""The decision engine a configuration describes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from d3backend import CachedEngine, DecisionEngine, EmbeddedEngine, RemoteEngine
+from policies import EngineSettings
+
+Environ = Mapping[str, str]
+
+
+def build_engine(settings: EngineSettings, *, base_dir: Path, environ: Environ) -> DecisionEngine:
+    """The engine the configuration describes, behind the decision cache unless `cache.max_entries` is 0."""
+    engine: DecisionEngine
+    if settings.remote is not None:
+        remote = settings.remote
+        key = environ.get(remote.api_key_env) if remote.api_key_env else None
+        engine = RemoteEngine(
+            remote.urls, model=remote.model, timeout_s=remote.timeout_s, connect_timeout_s=remote.connect_timeout_s,
+            api_key=key,
+        )  # fmt: skip
+    else:
+        embedded = settings.embedded
+        model = embedded.model if embedded else "vllm-sr/d3-mini"
+        if model.startswith(("./", "../")):  # a local model directory, relative to the configuration file
+            model = str((base_dir / model).resolve())
+        engine = EmbeddedEngine(
+            model,
+            served_model_name=embedded.served_model_name if embedded else None,
+            max_model_len=embedded.max_model_len if embedded else None,
+            dtype=embedded.dtype if embedded else "auto",
+            kv_cache_memory_bytes=embedded.kv_cache_memory_bytes if embedded else None,
+            extra_args=embedded.args if embedded else (),
+        )
+    if settings.cache.max_entries:
+        engine = CachedEngine(engine, max_entries=settings.cache.max_entries, ttl_s=settings.cache.ttl_s)
+    return engine
