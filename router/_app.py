@@ -228,10 +228,10 @@ class ProxyApp:
     ) -> None:
         config = self.config
         failure: tuple[int, str] = (502, "no upstream was tried")
+        tags = encode_headers(d3.decision.tags.items())
         for index, name in enumerate(upstreams):
             upstream = config.upstreams[name]
             payload = _rewrite(raw, body, upstream.model, d3.decision.params)
-            tags = encode_headers(d3.decision.tags.items())
             response, failure = await self._open(upstream, name, "POST", "/chat/completions", scope, payload, tags)
             if response is None:
                 continue

@@ -56,8 +56,14 @@ def worker_app() -> ProxyApp:
     from policies import load_config
 
     app = ProxyApp(load_config(os.environ[CONFIG_ENV]))
-    app.on_startup.append(lambda: asyncio.create_task(_watch(app, 1.0)))
+    watch_file(app)
     return app
+
+
+def watch_file(app: ProxyApp, poll_s: float = 1.0) -> None:
+    """Have `app` reload its file when it changes, from its startup until it closes (one watcher either way
+    the router is served)."""
+    app.on_startup.append(lambda: asyncio.create_task(_watch(app, poll_s)))
 
 
 async def serve_app(app: ASGIApp, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0) -> int:
@@ -86,12 +92,11 @@ async def serve_app(app: ASGIApp, host: str, port: int, *, log_level: str = "inf
         loop.add_signal_handler(signal.SIGTERM, stop)
         if isinstance(app, ProxyApp):
             loop.add_signal_handler(signal.SIGHUP, app.reload)
-    watcher = asyncio.create_task(_watch(app, poll_s)) if isinstance(app, ProxyApp) else None
+    if isinstance(app, ProxyApp):
+        watch_file(app, poll_s)
     try:
         await server.serve()
     finally:
-        if watcher is not None:
-            watcher.cancel()
         if isinstance(app, ProxyApp):
             await app.aclose()  # after a forced exit the lifespan did not run its shutdown
     return 0 if server.started else 3

@@ -105,9 +105,15 @@ class RouterService:
         self.decision_log = decision_log
 
     @property
-    def media(self) -> MediaRules:
-        server = self.config.server
-        return MediaRules(frozenset(host.lower() for host in server.media_hosts), server.max_media_bytes)
+    def config(self) -> Config:
+        return self._config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        # The media rules are derived once per configuration, not on every request.
+        server = config.server
+        self.media = MediaRules(frozenset(host.lower() for host in server.media_hosts), server.max_media_bytes)
+        self._config = config
 
     def swap(self, config: Config) -> None:
         """Use `config` from the next request on (the reload path); it must not need an engine we lack."""
