@@ -362,8 +362,7 @@ class ProxyApp:
     async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         engine = self.service.engine
         if isinstance(engine, CachedEngine):
-            stats = engine.stats
-            self.service.metrics.cache["entries"] = stats.size
+            self.service.metrics.cache_entries = engine.stats.size
         await send_bytes(send, 200, self.service.metrics.render().encode(), [], b"text/plain; version=0.0.4")
 
     async def admin_reload(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -30,6 +30,7 @@ class Metrics:
         self.requests: defaultdict[tuple[str, str, str, str], int] = defaultdict(int)
         self.engine_errors: defaultdict[str, int] = defaultdict(int)
         self.cache: defaultdict[str, int] = defaultdict(int)
+        self.cache_entries: int | None = None  # a gauge, set when the engine has a cache
         self.upstream_errors: defaultdict[tuple[str, str], int] = defaultdict(int)
         self.decision_seconds: defaultdict[str, _Histogram] = defaultdict(_Histogram)
         self.upstream_seconds: defaultdict[str, _Histogram] = defaultdict(_Histogram)
@@ -45,6 +46,10 @@ class Metrics:
                  {(k,): v for k, v in self.engine_errors.items()})  # fmt: skip
         _counter(lines, "d3router_decision_cache_total", "Decisions answered from the cache (hit) or not (miss).",
                  ("result",), {(k,): v for k, v in self.cache.items()})  # fmt: skip
+        if self.cache_entries is not None:
+            lines += ["# HELP d3router_decision_cache_entries Decisions held in the cache.",
+                      "# TYPE d3router_decision_cache_entries gauge",
+                      f"d3router_decision_cache_entries {self.cache_entries}"]  # fmt: skip
         _counter(lines, "d3router_upstream_errors_total", "Upstream attempts that failed, by upstream and kind.",
                  ("upstream", "kind"), self.upstream_errors)  # fmt: skip
         _histogram(lines, "d3router_decision_seconds", "Time to decide (engine call or cache), by policy.",

@@ -430,3 +430,18 @@ policies:
     assert "x-evil" not in response.headers
     assert response.headers["x-d3-answers"].startswith("kind=caf")
     assert "\r" not in response.headers["x-d3-answers"] and "\n" not in response.headers["x-d3-answers"]
+
+
+async def test_cache_size_is_a_gauge_not_a_counter(mock: respx.MockRouter) -> None:
+    from d3backend import CachedEngine
+
+    app = create_app(
+        parse_config(CONFIG, "c.yaml"), engine=CachedEngine(FakeEngine(answers)), client=httpx.AsyncClient()
+    )
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+        for text in ("hello", "hello", "python"):
+            await http.post("/v1/chat/completions", json=chat(text))
+        metrics = (await http.get("/metrics")).text
+    assert "# TYPE d3router_decision_cache_entries gauge\nd3router_decision_cache_entries 2\n" in metrics
+    assert 'd3router_decision_cache_total{result="hit"} 1' in metrics
+    assert 'result="entries"' not in metrics
