@@ -25,7 +25,7 @@ from starlette.routing import Route
 from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, _http, make_client
 from policies import parse_config
 from router import create_app
-from router._serve import serve_app
+from router._serve import run, serve_app
 
 POLICY = """
 upstreams: {{chat: {{url: "{upstream}"}}}}
@@ -120,9 +120,9 @@ def main() -> None:
     else:
         config = parse_config(POLICY.format(upstream=args.upstream), "bench.yaml")
         app = create_app(config, engine=engine_for(args.engine))
-    asyncio.run(serve_app(with_task_count(app), "127.0.0.1", args.port, log_level="warning"))
+    run(serve_app(with_task_count(app), "127.0.0.1", args.port, log_level="warning"))
     if args.mode == "router":
-        asyncio.run(app.aclose())  # serve_app closes only a bare ProxyApp
+        run(app.aclose())  # serve_app closes only a bare ProxyApp
     if args.mode == "router":
         engine = app.service.engine
         counting = engine.engine if isinstance(engine, CachedEngine) else engine

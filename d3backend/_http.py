@@ -1,53 +1,119 @@
 """The one place that chooses how outbound HTTP is carried (engine calls here, upstream calls in `router`).
 
-Everything speaks `httpx`; this module decides the transport under it. The default is httpx's API on aiohttp's
-connection pool (`httpx-aiohttp`): measured in `benchmarks/router.py`, httpx's own pool costs about twice the CPU
-per request and slows down as concurrency rises (encode/httpcore#822, #1035). `TRANSPORT = "httpx"` switches
-back, for comparison.
+Everything speaks `httpx`; this module decides the transport under it. The default carries httpx's requests on
+aiohttp's connection pool: measured in `benchmarks/router.py`, httpx's own pool costs about twice the CPU per
+request and slows down as concurrency rises (encode/httpcore#822, #1035). `TRANSPORT = "httpx"` switches back,
+for comparison.
+
+The transport keeps no cookies (a proxy must not hand one user's cookies to the next), adds no headers and
+decodes nothing: the bytes go and come back as they are. Its errors are the ones httpx's own transport raises.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import aiohttp
 import httpx
-from httpx_aiohttp import AiohttpTransport
 
 USER_AGENT = "d3-router"
 TRANSPORT = "aiohttp"
 
 
-class _Transport(AiohttpTransport):
-    """httpx-aiohttp with its errors mapped as httpx's own transport would raise them: a refused connection is a
-    `ConnectError` and a dropped one a `RemoteProtocolError`, not a `ConnectTimeout`."""
+class AiohttpTransport(httpx.AsyncBaseTransport):
+    """httpx requests on an aiohttp session, created on first use (aiohttp binds it to the running loop)."""
+
+    def __init__(self, max_connections: int = 256, keepalive_s: float = 5.0) -> None:
+        self._max_connections = max_connections
+        self._keepalive_s = keepalive_s
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=self._keepalive_s)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            auto_decompress=False,
+            trust_env=False,
+        )
+        return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        session = self._session or self._open()
+        timeout = request.extensions.get("timeout", {})
         try:
-            return await super().handle_async_request(request)
-        except httpx.TransportError as exc:
-            raise _remap(exc, request) from exc.__cause__
-        except (TimeoutError, aiohttp.ClientError) as exc:  # what the library leaves unmapped
-            raise _remap(httpx.TransportError(str(exc)), request, exc) from exc
+            response = await session.request(
+                request.method,
+                str(request.url),
+                headers=request.headers.multi_items(),
+                data=request.content or None,
+                allow_redirects=False,
+                timeout=aiohttp.ClientTimeout(
+                    sock_connect=timeout.get("connect"), sock_read=timeout.get("read"), connect=timeout.get("pool")
+                ),
+            )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _httpx_error(exc, request) from exc
+        return httpx.Response(
+            response.status,
+            headers=response.raw_headers,
+            stream=_Body(response, request),
+            request=request,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode()},
+        )
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
-def _remap(exc: httpx.TransportError, request: httpx.Request, cause: BaseException | None = None) -> Exception:
-    cause = cause or exc.__cause__
-    message = str(cause or exc) or type(cause or exc).__name__
+class _Body(httpx.AsyncByteStream):
+    """A response body as it arrives, in the pieces the socket delivers (never held back to fill a buffer)."""
+
+    def __init__(self, response: aiohttp.ClientResponse, request: httpx.Request) -> None:
+        self._response = response
+        self._request = request
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _httpx_error(exc, self._request) from exc
+
+    async def aclose(self) -> None:
+        self._response.release()
+
+
+def _httpx_error(exc: BaseException, request: httpx.Request) -> httpx.TransportError:
+    message = str(exc) or type(exc).__name__
     kind: type[httpx.TransportError]
-    if isinstance(cause, aiohttp.ConnectionTimeoutError):
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
         kind = httpx.ConnectTimeout
-    elif isinstance(cause, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
+    elif isinstance(exc, aiohttp.ServerTimeoutError | asyncio.TimeoutError):
         kind = httpx.ReadTimeout
-    elif isinstance(cause, aiohttp.ClientConnectorError):
+    elif isinstance(exc, aiohttp.ClientConnectorError):
         kind = httpx.ConnectError
-    elif isinstance(cause, aiohttp.ServerDisconnectedError):
+    elif isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
         kind = httpx.RemoteProtocolError
-    elif isinstance(cause, aiohttp.ClientOSError):
+    elif isinstance(exc, aiohttp.InvalidURL):
+        kind = httpx.UnsupportedProtocol
+    elif isinstance(exc, aiohttp.ClientOSError):
         kind = httpx.ReadError
     else:
-        return exc
+        kind = httpx.TransportError
     return kind(message, request=request)
+
+
+def make_transport(max_connections: int = 256) -> httpx.AsyncBaseTransport:
+    """The outbound transport, pooled (`TRANSPORT` picks which; the caller closes it)."""
+    if TRANSPORT == "aiohttp":
+        return AiohttpTransport(max_connections)
+    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+    return httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
 
 
 def make_client(
@@ -59,16 +125,13 @@ def make_client(
     headers: dict[str, str] | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> httpx.AsyncClient:
-    """A pooled client with separate connect and read timeouts; the caller closes it."""
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-    if transport is None and TRANSPORT == "aiohttp":
-        transport = _Transport(limits=limits, trust_env=False)
+    """A pooled client with separate connect and read timeouts and no cookie jar; the caller closes it."""
     return httpx.AsyncClient(
         base_url=base_url,
         timeout=httpx.Timeout(timeout, connect=connect_timeout),
-        limits=limits,
         headers={"user-agent": USER_AGENT, **(headers or {})},
-        transport=transport,
+        cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),  # keeps nothing a server sets
+        transport=transport or make_transport(max_connections),
         follow_redirects=False,
         trust_env=False,  # never route engine or upstream traffic through an ambient proxy setting
     )

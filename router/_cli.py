@@ -72,16 +72,15 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     config = _load(args.file, err)
     if config is None:
         return EXIT_INVALID
-    import asyncio
     import logging
 
-    from router._serve import serve, serve_workers
+    from router._serve import run, serve, serve_workers
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.workers > 1:
         return serve_workers(config, args.host, args.port, args.workers, log_level=args.log_level)
     try:
-        return asyncio.run(serve(config, args.host, args.port, log_level=args.log_level))
+        return run(serve(config, args.host, args.port, log_level=args.log_level))
     except KeyboardInterrupt:
         return EXIT_OK
 

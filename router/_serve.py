@@ -7,7 +7,8 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -16,6 +17,17 @@ from policies import Config
 from router._app import ProxyApp
 
 logger = logging.getLogger("router")
+T = TypeVar("T")
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run` on uvloop where it is installed, the loop uvicorn itself would choose: a fifth less time
+    per proxied request (benchmarks/router.py)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 class _Server(uvicorn.Server):

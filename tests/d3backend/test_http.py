@@ -8,7 +8,7 @@ import socket
 import httpx
 import pytest
 
-from d3backend import free_port, make_client
+from d3backend import free_port, make_client, make_transport
 
 pytestmark = pytest.mark.anyio
 
@@ -62,3 +62,60 @@ async def test_streams_and_bodies_pass_through() -> None:
     async with server, make_client(timeout=2, connect_timeout=2) as client:
         response = await client.get(f"http://127.0.0.1:{port}/")
     assert (response.status_code, response.content) == (200, b"hello")
+
+
+async def _cookie_server(seen: list[bytes]) -> asyncio.Server:
+    """Answers every request on a connection with a cookie, recording each request's head."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                seen.append((await reader.readuntil(b"\r\n\r\n")).lower())
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nset-cookie: session=alice; Path=/\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", 0, family=socket.AF_INET)
+
+
+@pytest.mark.parametrize("via", ["client", "transport"])
+async def test_a_cookie_one_answer_sets_never_goes_out_with_the_next_request(via: str) -> None:
+    # A proxy shares its pool between users: a cookie set for one must not reach the upstream on another's behalf.
+    seen: list[bytes] = []
+    server = await _cookie_server(seen)
+    url = f"http://localhost:{server.sockets[0].getsockname()[1]}/"  # a host name: cookie jars refuse bare IPs
+    async with server:
+        if via == "client":
+            async with make_client(timeout=2, connect_timeout=2) as client:
+                answers = [await client.get(url) for _ in range(3)]
+        else:
+            transport = make_transport()
+            answers = []
+            for _ in range(3):
+                response = await transport.handle_async_request(httpx.Request("GET", url))
+                await response.aread()
+                answers.append(response)
+            await transport.aclose()
+    assert [a.headers["set-cookie"] for a in answers] == ["session=alice; Path=/"] * 3  # relayed to the caller
+    assert len(seen) == 3
+    assert not [head for head in seen if b"\r\ncookie:" in head]
+
+
+async def test_the_transport_sends_the_headers_it_is_given_and_no_others() -> None:
+    # A proxy forwards the client's headers: an added accept-encoding would have the upstream compress an answer
+    # the client never asked to be compressed.
+    seen: list[bytes] = []
+    server = await _cookie_server(seen)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/x?q=1"
+    async with server:
+        transport = make_transport()
+        request = httpx.Request("POST", url, headers=[(b"x-a", b"1"), (b"x-a", b"2")], content=b"{}")
+        response = await transport.handle_async_request(request)
+        assert await response.aread() == b"ok"
+        await transport.aclose()
+    lines = seen[0].split(b"\r\n")
+    assert lines[0] == b"post /v1/x?q=1 http/1.1"
+    assert sorted(lines[1:-2]) == sorted([b"host: 127.0.0.1:" + url.split(":")[2].split("/")[0].encode(),
+                                          b"x-a: 1", b"x-a: 2", b"content-length: 2"])  # fmt: skip

@@ -89,7 +89,7 @@ def echo(name: str) -> Any:
 async def app(engine: FakeEngine, mock: respx.MockRouter) -> AsyncIterator[ProxyApp]:
     # httpx's own transport, which RESPX intercepts (the production transport: tests/d3backend/test_http.py).
     proxy = create_app(
-        parse_config(CONFIG, "c.yaml"), engine=engine, client=httpx.AsyncClient(),
+        parse_config(CONFIG, "c.yaml"), engine=engine, transport=httpx.AsyncHTTPTransport(),
         environ={"LARGE_KEY": "sk-large", "D3_ADMIN": "admin"},
     )  # fmt: skip
     yield proxy
@@ -349,7 +349,9 @@ async def test_reload_needs_the_token_and_keeps_a_good_config(
     path.write_text(CONFIG, encoding="utf-8")
     from policies import load_config
 
-    app = create_app(load_config(path), engine=engine, client=httpx.AsyncClient(), environ={"D3_ADMIN": "admin"})
+    app = create_app(
+        load_config(path), engine=engine, transport=httpx.AsyncHTTPTransport(), environ={"D3_ADMIN": "admin"}
+    )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
         assert (await http.post("/admin/reload")).status_code == 403
         assert (await http.post("/admin/reload", headers={"authorization": "Bearer wrong"})).status_code == 403
@@ -371,7 +373,7 @@ async def test_decision_log(tmp_path: Path, engine: FakeEngine, mock: respx.Mock
     text = CONFIG.replace(
         "server: {", f"server: {{decision_log: {{path: '{log}', include_text: {str(include_text).lower()}}}, "
     )
-    app = create_app(parse_config(text, "c.yaml"), engine=engine, client=httpx.AsyncClient())
+    app = create_app(parse_config(text, "c.yaml"), engine=engine, transport=httpx.AsyncHTTPTransport())
     await app.startup()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
         await http.post("/v1/chat/completions", json=chat("secret python question"), headers={"x-request-id": "req-1"})
@@ -394,7 +396,7 @@ async def test_an_engine_without_probe_is_taken_as_ready() -> None:
 
     from d3backend import CachedEngine
 
-    app = create_app(parse_config(CONFIG, "c.yaml"), engine=CachedEngine(Bare()), client=httpx.AsyncClient())
+    app = create_app(parse_config(CONFIG, "c.yaml"), engine=CachedEngine(Bare()), transport=httpx.AsyncHTTPTransport())
     assert await app.check_engine() is True
     assert app.ready
 
@@ -423,7 +425,7 @@ policies:
       - {name: default, when: 'kind["日本"] >= 0', route: small}
       - {name: fallback, route: small}
 """)
-    app = create_app(config, engine=FakeEngine({"kind": "café\r\nx-evil: 1"}), client=httpx.AsyncClient())
+    app = create_app(config, engine=FakeEngine({"kind": "café\r\nx-evil: 1"}), transport=httpx.AsyncHTTPTransport())
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
         response = await http.post("/v1/chat/completions", json=chat())
     assert response.status_code == 200
@@ -436,7 +438,7 @@ async def test_cache_size_is_a_gauge_not_a_counter(mock: respx.MockRouter) -> No
     from d3backend import CachedEngine
 
     app = create_app(
-        parse_config(CONFIG, "c.yaml"), engine=CachedEngine(FakeEngine(answers)), client=httpx.AsyncClient()
+        parse_config(CONFIG, "c.yaml"), engine=CachedEngine(FakeEngine(answers)), transport=httpx.AsyncHTTPTransport()
     )
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
         for text in ("hello", "hello", "python"):

@@ -166,7 +166,7 @@ async def client() -> AsyncIterator[tuple[httpx.AsyncClient, FakeEngine, respx.M
                 200, content=request.content, headers={"content-type": "application/json"}
             )
         )
-        app: ProxyApp = create_app(parse_config(CONFIG, "c.yaml"), engine=engine, client=httpx.AsyncClient())
+        app: ProxyApp = create_app(parse_config(CONFIG, "c.yaml"), engine=engine, transport=httpx.AsyncHTTPTransport())
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
             yield http, engine, mock
 
