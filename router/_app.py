@@ -185,7 +185,7 @@ class ProxyApp:
         if policy is None:
             await cancel_on_disconnect(receive, lambda: self._passthrough_model(model, scope, send, raw))
             return
-        request_id = _header(scope, b"x-request-id") or uuid.uuid4().hex
+        request_id = "" if self.service.decision_log is None else _header(scope, b"x-request-id") or uuid.uuid4().hex
         try:
             d3 = await self.service.decide(policy, body, request_id)
         except BadChatRequest as exc:

@@ -3,6 +3,7 @@ upstream response to the client unbuffered, cancelling it if the client goes awa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -10,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import anyio
 import httpx
-from starlette.types import Message, Receive, Send
+from starlette.types import Receive, Send
 
 logger = logging.getLogger(__name__)
 
@@ -82,19 +83,33 @@ async def send_error(
 
 async def cancel_on_disconnect(receive: Receive, work: Callable[[], Awaitable[None]]) -> None:
     """Run `work` (the request body already read), cancelling it if the client disconnects meanwhile: a client
-    that goes away while the upstream generates, or streams, ends the upstream request too."""
-    async with anyio.create_task_group() as group:
+    that goes away while the upstream generates, or streams, ends the upstream request too.
 
-        async def watch() -> None:
-            while True:
-                message: Message = await receive()
-                if message["type"] == "http.disconnect":
-                    group.cancel_scope.cancel()
-                    return
+    asyncio's own cancellation, as `asyncio.timeout` does it: one watcher task per request, where a task group
+    costs several times more (a twentieth of a proxied request)."""
+    task = asyncio.current_task()
+    assert task is not None
+    cancelling = task.cancelling()
+    left = False
 
-        group.start_soon(watch)
+    async def watch() -> None:
+        nonlocal left
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        left = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
         await work()
-        group.cancel_scope.cancel()
+    except asyncio.CancelledError:
+        if not left or task.uncancel() > cancelling:
+            raise  # a cancellation of our caller's, not the client's leaving
+    else:
+        if left:  # work swallowed the cancellation; keep the task's count right
+            task.uncancel()
+    finally:
+        watcher.cancel()
 
 
 SMALL_BODY = 64 * 1024

@@ -135,10 +135,10 @@ class RouterService:
             decision = policy.engine_failed()
         else:
             try:
-                decided = await asyncio.wait_for(
-                    self.engine.decide(state.state, policy.questions, images=state.images, videos=state.videos),
-                    self.config.server.decision_timeout_s,
-                )
+                async with asyncio.timeout(self.config.server.decision_timeout_s):  # no task, unlike wait_for
+                    decided = await self.engine.decide(
+                        state.state, policy.questions, images=state.images, videos=state.videos
+                    )
             except EngineError as exc:
                 error = str(exc)
                 self.metrics.engine_errors[type(exc).__name__] += 1
