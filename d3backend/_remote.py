@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from d3backend._errors import EngineBadResponse, EngineError, EngineRejected, EngineTimeout, EngineUnavailable
-from d3backend._http import make_client
+from d3backend._http import USER_AGENT, make_transport
 from d3backend._protocol import Closing
 from d3backend._types import Decided, Noul, Question
 from d3backend._wire import JSONValue, error_message, parse_response, request_body
@@ -39,7 +39,10 @@ class _Endpoint:
 
 class RemoteEngine(Closing):
     """A decision engine reached over HTTP. `model` is the served model name; unset, it is read from
-    `/v1/models`. An injected `client` is used as it is and never closed here."""
+    `/v1/models`. An injected `transport` is used as it is and never closed here.
+
+    Requests go to the transport directly: an engine call needs none of an httpx client's cookies, redirects or
+    auth, and skipping them halves the client's share of a call (benchmarks/router.py)."""
 
     def __init__(
         self,
@@ -49,7 +52,7 @@ class RemoteEngine(Closing):
         timeout_s: float = 2.0,
         connect_timeout_s: float = 0.5,
         api_key: str | None = None,
-        client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         backoff_s: float = 1.0,
         max_backoff_s: float = 30.0,
     ) -> None:
@@ -58,9 +61,12 @@ class RemoteEngine(Closing):
         self._endpoints = [_Endpoint(url.rstrip("/")) for url in urls]
         self._model = model
         self._timeout_s = timeout_s
-        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._owns_client = client is None
-        self._client = client or make_client(timeout=timeout_s, connect_timeout=connect_timeout_s)
+        self._headers = {"user-agent": USER_AGENT, **({"authorization": f"Bearer {api_key}"} if api_key else {})}
+        self._json_headers = {**self._headers, "content-type": "application/json"}
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s).as_dict()
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._owns_transport = transport is None
+        self._transport = transport or make_transport()
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._model_lock = asyncio.Lock()
@@ -98,8 +104,8 @@ class RemoteEngine(Closing):
 
     async def aclose(self) -> None:
         self._closed = True
-        if self._owns_client:
-            await self._client.aclose()
+        if self._owns_transport:
+            await self._transport.aclose()
 
     # --- internals ---------------------------------------------------------------------------------------------
     async def _discover_model(self) -> str:
@@ -124,9 +130,7 @@ class RemoteEngine(Closing):
             tried.append(endpoint)
             endpoint.in_flight += 1
             try:
-                response = await self._client.request(
-                    method, endpoint.url + path, content=content, headers=self._request_headers(content)
-                )
+                status, body = await self._send(method, endpoint.url, path, content)
             except httpx.TimeoutException:
                 error = EngineTimeout(f"the engine at {endpoint.url} did not answer within {self._timeout_s:g} s")
                 self._failed(endpoint)
@@ -137,11 +141,10 @@ class RemoteEngine(Closing):
                 continue
             finally:
                 endpoint.in_flight -= 1
-            status = response.status_code
             if status == 200:
                 self._succeeded(endpoint)
-                return response.content
-            message = error_message(status, response.content)
+                return body
+            message = error_message(status, body)
             if status == 429 or (status >= 500 and status != 501):
                 error = EngineUnavailable(f"the engine at {endpoint.url} answered {status}: {message}")
                 self._failed(endpoint)
@@ -155,10 +158,17 @@ class RemoteEngine(Closing):
             )
         raise error
 
-    def _request_headers(self, content: bytes | None) -> dict[str, str]:
-        if content is None:
-            return self._headers
-        return {**self._headers, "content-type": "application/json"}
+    async def _send(self, method: str, base: str, path: str, content: bytes | None) -> tuple[int, bytes]:
+        url = self._urls.get((base, path))
+        if url is None:  # parsed once: httpx's URL parsing is a visible share of a call
+            url = self._urls[(base, path)] = httpx.URL(base + path)
+        headers = self._headers if content is None else self._json_headers
+        request = httpx.Request(method, url, headers=headers, content=content, extensions={"timeout": self._timeout})
+        response = await self._transport.handle_async_request(request)
+        try:
+            return response.status_code, await response.aread()
+        finally:
+            await response.aclose()
 
     def _pick(self, tried: list[_Endpoint]) -> _Endpoint | None:
         now = time.monotonic()

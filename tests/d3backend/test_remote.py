@@ -46,7 +46,7 @@ async def mock() -> AsyncIterator[respx.MockRouter]:
 
 def engine(*urls: str, **kwargs: Any) -> RemoteEngine:
     # httpx's own transport, which RESPX intercepts (the production transport runs on aiohttp: test_http.py).
-    return RemoteEngine(list(urls), model="vllm-sr/d3-mini", client=httpx.AsyncClient(), **kwargs)
+    return RemoteEngine(list(urls), model="vllm-sr/d3-mini", transport=httpx.AsyncHTTPTransport(), **kwargs)
 
 
 async def test_decide_posts_the_wire_request(mock: respx.MockRouter) -> None:
@@ -74,7 +74,7 @@ async def test_no_key_no_authorization_header(mock: respx.MockRouter) -> None:
 async def test_model_is_discovered_once(mock: respx.MockRouter) -> None:
     models = mock.get(f"{A}/v1/models").mock(return_value=httpx.Response(200, json={"data": [{"id": "served"}]}))
     decide = mock.post(f"{A}/v1/systemone").mock(return_value=ok())
-    async with RemoteEngine([A], client=httpx.AsyncClient()) as remote:
+    async with RemoteEngine([A], transport=httpx.AsyncHTTPTransport()) as remote:
         await asyncio.gather(*(remote.decide("x", QUESTIONS) for _ in range(5)))
     assert remote.model == "served"
     assert models.call_count == 1
@@ -83,7 +83,7 @@ async def test_model_is_discovered_once(mock: respx.MockRouter) -> None:
 
 async def test_model_discovery_without_models(mock: respx.MockRouter) -> None:
     mock.get(f"{A}/v1/models").mock(return_value=httpx.Response(200, json={"data": []}))
-    async with RemoteEngine([A], client=httpx.AsyncClient()) as remote:
+    async with RemoteEngine([A], transport=httpx.AsyncHTTPTransport()) as remote:
         with pytest.raises(EngineBadResponse, match="lists no model; set the model name"):
             await remote.decide("x", QUESTIONS)
 
@@ -323,16 +323,16 @@ async def test_a_busy_url_is_passed_over(mock: respx.MockRouter) -> None:
     assert (a.call_count, b.call_count) == (1, 8)
 
 
-async def test_closed_engine_refuses_work_and_injected_client_stays_open(mock: respx.MockRouter) -> None:
+async def test_closed_engine_refuses_work_and_injected_transport_stays_open(mock: respx.MockRouter) -> None:
     mock.post(f"{A}/v1/systemone").mock(return_value=ok())
-    client = httpx.AsyncClient()
-    remote = RemoteEngine([A], model="m", client=client)
+    transport = httpx.AsyncHTTPTransport()
+    remote = RemoteEngine([A], model="m", transport=transport)
     await remote.decide("x", QUESTIONS)
     await remote.aclose()
-    assert not client.is_closed
     with pytest.raises(RuntimeError, match="this engine is closed"):
         await remote.decide("x", QUESTIONS)
-    await client.aclose()
+    async with httpx.AsyncClient(transport=transport) as client:  # still usable
+        assert (await client.post(f"{A}/v1/systemone", json={})).status_code == 200
 
 
 async def test_arguments_are_checked() -> None:
