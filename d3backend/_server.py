@@ -66,6 +66,11 @@ class VllmServer:
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
+    def pid(self) -> int:
+        """The server's process id (0 when it is not running)."""
+        return self._process.pid if self._process is not None else 0
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
