@@ -36,6 +36,7 @@ from router._engines import Environ, build_engine
 from router._http import (
     NOT_FORWARDED_RAW,
     BodyTooLarge,
+    ClientDisconnected,
     Headers,
     cancel_on_disconnect,
     encode_headers,
@@ -100,12 +101,15 @@ class ProxyApp:
         if scope["type"] != "http":
             return
         handler = self._routes.get((scope["method"], scope["path"]))
-        if handler is not None:
-            await handler(scope, receive, send)
-        elif scope["path"].startswith("/v1/"):
-            await self.passthrough(scope, receive, send)
-        else:
-            await send_error(send, 404, f"no route for {scope['method']} {scope['path']}", "not_found_error")
+        try:
+            if handler is not None:
+                await handler(scope, receive, send)
+            elif scope["path"].startswith("/v1/"):
+                await self.passthrough(scope, receive, send)
+            else:
+                await send_error(send, 404, f"no route for {scope['method']} {scope['path']}", "not_found_error")
+        except ClientDisconnected:
+            pass  # gone while sending its body: nothing was started, nothing to answer
 
     # --- lifespan ------------------------------------------------------------------------------------------------
     async def lifespan(self, receive: Receive, send: Send) -> None:

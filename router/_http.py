@@ -9,7 +9,6 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-import anyio
 import httpx
 from starlette.types import Receive, Send
 
@@ -32,14 +31,19 @@ class BodyTooLarge(Exception):
     pass
 
 
+class ClientDisconnected(Exception):
+    """The client went away before its request body was complete: there is no one left to answer."""
+
+
 async def read_body(receive: Receive, limit: int) -> bytes:
-    """The whole request body, or `BodyTooLarge` as soon as it passes `limit` bytes."""
+    """The whole request body; `BodyTooLarge` as soon as it passes `limit` bytes, `ClientDisconnected` if the
+    client leaves first."""
     chunks: list[bytes] = []
     size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise anyio.get_cancelled_exc_class()()
+            raise ClientDisconnected
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:

@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from d3backend import DecisionEngine, EmbeddedEngine
 from policies import Block, Config, load_config
 from router._engines import build_engine
-from router._http import BodyTooLarge, encode_headers, read_body, send_error
+from router._http import BodyTooLarge, ClientDisconnected, encode_headers, read_body, send_error
 from router._service import RouterService
 from router._state import BadChatRequest
 
@@ -64,6 +64,8 @@ class D3RouterMiddleware:
                 send, 413, "the request body is too large (server.max_body_bytes)", "invalid_request_error"
             )
             return
+        except ClientDisconnected:
+            return  # gone while sending its body: nothing to decide, no one to answer
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):

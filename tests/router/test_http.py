@@ -1,13 +1,26 @@
-"""The client-disconnect watcher: the client leaving cancels the work; any other cancellation goes through."""
+"""Clients that leave: mid-body (a quiet end), or while the upstream works (the watcher cancels the work; any
+other cancellation goes through)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
-from starlette.types import Message, Receive
+from starlette.types import Message, Receive, Scope, Send
 
-from router._http import cancel_on_disconnect
+from d3backend import FakeEngine
+from policies import parse_config
+from router import D3RouterMiddleware, create_app
+from router._http import ClientDisconnected, cancel_on_disconnect, read_body
+
+CONFIG = """
+upstreams: {chat: {url: "http://upstream.test/v1"}}
+policies:
+  auto:
+    questions: {kind: {type: choice, criteria: {code: Writing code, chat: Anything else}}}
+    rules: [{name: default, route: chat}]
+"""
 
 pytestmark = pytest.mark.anyio
 
@@ -89,3 +102,39 @@ async def test_other_messages_are_read_past_and_the_watcher_stops_with_the_work(
     await cancel_on_disconnect(receive, work)
     await asyncio.sleep(0)
     assert len(asyncio.all_tasks()) == before  # the watcher is gone
+
+
+def partial_body_then_gone() -> Receive:
+    messages: list[Message] = [{"type": "http.request", "body": b'{"model": "au', "more_body": True},
+                               {"type": "http.disconnect"}]  # fmt: skip
+
+    async def receive() -> Message:
+        return messages.pop(0)
+
+    return receive
+
+
+async def test_a_client_gone_mid_body_is_a_quiet_end_not_an_error() -> None:
+    # Before: read_body raised CancelledError, which uvicorn logged as "Exception in ASGI application".
+    with pytest.raises(ClientDisconnected):
+        await read_body(partial_body_then_gone(), 1 << 20)
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    config = parse_config(CONFIG, "c.yaml")
+    app = create_app(config, engine=FakeEngine({"kind": "chat"}), transport=httpx.AsyncHTTPTransport())
+    inner_called = []
+
+    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
+        inner_called.append(scope["path"])
+
+    middleware = D3RouterMiddleware(inner, config=config, engine=FakeEngine({"kind": "chat"}))
+    for asgi, path in ((app, "/v1/chat/completions"), (app, "/v1/embeddings"), (middleware, "/v1/chat/completions")):
+        scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
+                 "headers": [(b"content-type", b"application/json")]}  # fmt: skip
+        await asgi(scope, partial_body_then_gone(), send)  # returns, raises nothing
+    assert sent == [] and inner_called == []
+    await app.aclose()
