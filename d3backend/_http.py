@@ -44,12 +44,19 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         session = self._session or self._open()
         timeout = request.extensions.get("timeout", {})
+        headers = request.headers.multi_items()
+        data: bytes | httpx.AsyncByteStream | None
+        try:
+            data = request.content or None
+        except httpx.RequestNotRead:  # a streamed body: aiohttp sends it chunked itself
+            data = request.stream  # type: ignore[assignment]
+            headers = [(name, value) for name, value in headers if name.lower() != "transfer-encoding"]
         try:
             response = await session.request(
                 request.method,
                 str(request.url),
-                headers=request.headers.multi_items(),
-                data=request.content or None,
+                headers=headers,
+                data=data,
                 allow_redirects=False,
                 timeout=aiohttp.ClientTimeout(
                     sock_connect=timeout.get("connect"), sock_read=timeout.get("read"), connect=timeout.get("pool")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -119,3 +120,27 @@ async def test_the_transport_sends_the_headers_it_is_given_and_no_others() -> No
     assert lines[0] == b"post /v1/x?q=1 http/1.1"
     assert sorted(lines[1:-2]) == sorted([b"host: 127.0.0.1:" + url.split(":")[2].split("/")[0].encode(),
                                           b"x-a: 1", b"x-a: 2", b"content-length: 2"])  # fmt: skip
+
+
+async def test_a_streamed_request_body_goes_out_whole() -> None:
+    received: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).lower()
+        assert head.count(b"transfer-encoding: chunked") == 1
+        body = b""
+        while (size := int((await reader.readline()).strip(), 16)) > 0:
+            body += (await reader.readexactly(size + 2))[:-2]
+        received.append(body)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    async def parts() -> AsyncIterator[bytes]:
+        for part in (b'{"a": ', b"1}"):
+            yield part
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, family=socket.AF_INET)
+    async with server, make_client(timeout=2, connect_timeout=2) as client:
+        response = await client.post(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/", content=parts())
+    assert (response.status_code, received) == (200, [b'{"a": 1}'])
