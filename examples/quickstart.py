@@ -16,7 +16,6 @@ Ctrl-C stops the router and the upstream.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from d3backend import VllmServer, make_model  # noqa: E402
 from policies import ConfigError, load_config  # noqa: E402
-from router._serve import serve  # noqa: E402
+from router._serve import run, serve  # noqa: E402
 
 WORK = REPO / ".d3router"
 
@@ -45,7 +44,7 @@ def main() -> int:
     upstream.start()
     try:
         print("quickstart: starting d3router on http://127.0.0.1:8080 with the engine embedded (~30 s)", flush=True)
-        return asyncio.run(serve(config, "127.0.0.1", 8080))
+        return run(serve(config, "127.0.0.1", 8080))
     except KeyboardInterrupt:
         return 0
     finally:
