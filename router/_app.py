@@ -210,9 +210,8 @@ class ProxyApp:
         limit = self.config.server.max_body_bytes
         try:
             raw = await read_body(receive, limit)
-        except BodyTooLarge:
-            await send_error(send, 413, f"the request body is over {limit} bytes (server.max_body_bytes)",
-                             "invalid_request_error")  # fmt: skip
+        except BodyTooLarge as exc:
+            await send_error(send, 413, str(exc), "invalid_request_error")
             return None
         content_type = (_header(scope, b"content-type") or "application/json").split(";")[0].strip().lower()
         if content_type != "application/json":
@@ -308,8 +307,8 @@ class ProxyApp:
         """Other `/v1/*` requests go to the first upstream as they came."""
         try:
             raw = await read_body(receive, self.config.server.max_body_bytes)
-        except BodyTooLarge:
-            await send_error(send, 413, "the request body is too large", "invalid_request_error")
+        except BodyTooLarge as exc:
+            await send_error(send, 413, str(exc), "invalid_request_error")
             return
         name, upstream = next(iter(self.config.upstreams.items()))
         path = scope["path"].removeprefix("/v1")

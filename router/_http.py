@@ -28,7 +28,8 @@ Headers = list[tuple[bytes, bytes]]
 
 
 class BodyTooLarge(Exception):
-    pass
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request body is over {limit} bytes (server.max_body_bytes)")
 
 
 class ClientDisconnected(Exception):
@@ -47,7 +48,7 @@ async def read_body(receive: Receive, limit: int) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            raise BodyTooLarge
+            raise BodyTooLarge(limit)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)

@@ -59,10 +59,8 @@ class D3RouterMiddleware:
             return
         try:
             raw = await read_body(receive, self.service.config.server.max_body_bytes)
-        except BodyTooLarge:
-            await send_error(
-                send, 413, "the request body is too large (server.max_body_bytes)", "invalid_request_error"
-            )
+        except BodyTooLarge as exc:
+            await send_error(send, 413, str(exc), "invalid_request_error")
             return
         except ClientDisconnected:
             return  # gone while sending its body: nothing to decide, no one to answer

@@ -4,6 +4,7 @@ other cancellation goes through)."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
 import pytest
@@ -137,4 +138,31 @@ async def test_a_client_gone_mid_body_is_a_quiet_end_not_an_error() -> None:
                  "headers": [(b"content-type", b"application/json")]}  # fmt: skip
         await asgi(scope, partial_body_then_gone(), send)  # returns, raises nothing
     assert sent == [] and inner_called == []
+    await app.aclose()
+
+
+async def test_a_body_over_the_limit_gets_one_413_everywhere() -> None:
+    config = parse_config("server: {max_body_bytes: 1024}\n" + CONFIG, "c.yaml")
+    app = create_app(config, engine=FakeEngine({"kind": "chat"}), transport=httpx.AsyncHTTPTransport())
+
+    async def inner(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("the app behind the middleware must not see it")
+
+    middleware = D3RouterMiddleware(inner, config=config, engine=FakeEngine({"kind": "chat"}))
+    answers = []
+    for asgi, path in ((app, "/v1/chat/completions"), (app, "/v1/embeddings"), (middleware, "/v1/chat/completions")):
+        sent: list[Message] = []
+        messages: list[Message] = [{"type": "http.request", "body": b"x" * 1025, "more_body": False}]
+
+        async def receive(messages: list[Message] = messages) -> Message:
+            return messages.pop(0)
+
+        async def send(message: Message, sent: list[Message] = sent) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
+                 "headers": [(b"content-type", b"application/json")]}  # fmt: skip
+        await asgi(scope, receive, send)
+        answers.append((sent[0]["status"], json.loads(sent[1]["body"])["error"]["message"]))
+    assert answers == [(413, "the request body is over 1024 bytes (server.max_body_bytes)")] * 3
     await app.aclose()
