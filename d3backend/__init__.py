@@ -19,7 +19,7 @@ from d3backend._errors import (
     EngineUnavailable,
 )
 from d3backend._fake import FakeEngine
-from d3backend._http import make_client, make_transport
+from d3backend._http import make_client, make_transport, outbound_request
 from d3backend._protocol import DecisionEngine
 from d3backend._remote import RemoteEngine
 from d3backend._server import ServerError, VllmServer, free_port
@@ -80,4 +80,5 @@ __all__ = [
     "make_client",
     "make_model",
     "make_transport",
+    "outbound_request",
 ]

@@ -12,7 +12,8 @@ decodes nothing: the bytes go and come back as they are. Its errors are the ones
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import functools
+from collections.abc import AsyncIterator, Mapping, Sequence
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import aiohttp
@@ -113,6 +114,36 @@ def _httpx_error(exc: BaseException, request: httpx.Request) -> httpx.TransportE
     else:
         kind = httpx.TransportError
     return kind(message, request=request)
+
+
+def outbound_request(
+    method: str,
+    url: str,
+    *,
+    headers: Mapping[str, str] | Sequence[tuple[bytes, bytes]],
+    content: bytes | None,
+    timeout_s: float,
+    connect_timeout_s: float,
+    query: bytes = b"",
+) -> httpx.Request:
+    """A request to hand to a transport directly. The URL and the timeouts are built once per distinct value, in
+    bounded caches: httpx's URL parsing is a visible share of a proxied request, and pass-through paths come from
+    clients, so an unbounded cache would grow with whatever paths they send."""
+    parsed = _url(url)
+    if query:
+        parsed = parsed.copy_with(query=query)
+    timeout = _timeout(timeout_s, connect_timeout_s)
+    return httpx.Request(method, parsed, headers=headers, content=content, extensions={"timeout": timeout})
+
+
+@functools.lru_cache(maxsize=1024)
+def _url(text: str) -> httpx.URL:
+    return httpx.URL(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _timeout(timeout_s: float, connect_timeout_s: float) -> dict[str, float | None]:
+    return httpx.Timeout(timeout_s, connect=connect_timeout_s).as_dict()
 
 
 def make_transport(max_connections: int = 256) -> httpx.AsyncBaseTransport:

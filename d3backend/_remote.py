@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from d3backend._errors import EngineBadResponse, EngineError, EngineRejected, EngineTimeout, EngineUnavailable
-from d3backend._http import USER_AGENT, make_transport
+from d3backend._http import USER_AGENT, make_transport, outbound_request
 from d3backend._protocol import Closing
 from d3backend._types import Decided, Noul, Question
 from d3backend._wire import JSONValue, error_message, parse_response, request_body
@@ -61,10 +61,9 @@ class RemoteEngine(Closing):
         self._endpoints = [_Endpoint(url.rstrip("/")) for url in urls]
         self._model = model
         self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
         self._headers = {"user-agent": USER_AGENT, **({"authorization": f"Bearer {api_key}"} if api_key else {})}
         self._json_headers = {**self._headers, "content-type": "application/json"}
-        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s).as_dict()
-        self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._owns_transport = transport is None
         self._transport = transport or make_transport()
         self._backoff_s = backoff_s
@@ -159,11 +158,10 @@ class RemoteEngine(Closing):
         raise error
 
     async def _send(self, method: str, base: str, path: str, content: bytes | None) -> tuple[int, bytes]:
-        url = self._urls.get((base, path))
-        if url is None:  # parsed once: httpx's URL parsing is a visible share of a call
-            url = self._urls[(base, path)] = httpx.URL(base + path)
-        headers = self._headers if content is None else self._json_headers
-        request = httpx.Request(method, url, headers=headers, content=content, extensions={"timeout": self._timeout})
+        request = outbound_request(
+            method, base + path, headers=self._headers if content is None else self._json_headers, content=content,
+            timeout_s=self._timeout_s, connect_timeout_s=self._connect_timeout_s,
+        )  # fmt: skip
         response = await self._transport.handle_async_request(request)
         try:
             return response.status_code, await response.aread()

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from d3backend import free_port, make_client, make_transport
+from d3backend import _http, free_port, make_client, make_transport, outbound_request
 
 pytestmark = pytest.mark.anyio
 
@@ -144,3 +144,16 @@ async def test_a_streamed_request_body_goes_out_whole() -> None:
     async with server, make_client(timeout=2, connect_timeout=2) as client:
         response = await client.post(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/", content=parts())
     assert (response.status_code, received) == (200, [b'{"a": 1}'])
+
+
+def test_outbound_requests_reuse_parsed_urls_in_a_bounded_cache() -> None:
+    request = outbound_request("POST", "http://a.test/v1/x", headers=[(b"x-a", b"1")], content=b"{}", timeout_s=2,
+                               connect_timeout_s=1, query=b"q=1")  # fmt: skip
+    assert (str(request.url), request.headers["x-a"], request.content) == ("http://a.test/v1/x?q=1", "1", b"{}")
+    assert request.extensions["timeout"] == {"connect": 1, "read": 2, "write": 2, "pool": 2}
+    # Pass-through paths come from clients: thousands of distinct ones must not grow memory without bound.
+    for index in range(3000):
+        outbound_request(
+            "GET", f"http://a.test/v1/p{index}", headers={}, content=None, timeout_s=2, connect_timeout_s=1
+        )
+    assert _http._url.cache_info().currsize <= 1024
