@@ -25,6 +25,7 @@ from starlette.routing import Route
 from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, _http, make_client
 from policies import parse_config
 from router import create_app
+from router._http import send_bytes
 from router._serve import run, serve_app
 
 POLICY = """
@@ -78,15 +79,7 @@ def with_task_count(app: Any) -> Any:
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/_tasks":
-            body = str(len(asyncio.all_tasks())).encode()
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-length", str(len(body)).encode())],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
+            await send_bytes(send, 200, str(len(asyncio.all_tasks())).encode(), [], b"text/plain")
             return
         await app(scope, receive, send)
 
