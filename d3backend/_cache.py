@@ -111,10 +111,11 @@ class CachedEngine(Closing):
         finally:
             del self._in_flight[key]
 
-    async def probe(self) -> Decided:
+    async def probe(self) -> Decided | None:
+        """The inner engine's probe; None when it has none (then only its first failure can say it is down)."""
         probe = getattr(self.engine, "probe", None)
         if probe is None:
-            raise NotImplementedError(f"{type(self.engine).__name__} has no probe()")
+            return None
         result: Decided = await probe()
         return result
 

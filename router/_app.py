@@ -143,7 +143,8 @@ class ProxyApp:
         self._background = [hook() for hook in self.on_startup]
 
     async def check_engine(self) -> bool:
-        """Probe the engine; `/readyz` reports the outcome. A failing engine does not stop the router."""
+        """Probe the engine (one without a probe is taken as ready: its first failure will say otherwise);
+        `/readyz` reports the outcome. A failing engine does not stop the router."""
         engine = self.service.engine
         if engine is None:
             return True
@@ -151,8 +152,6 @@ class ProxyApp:
         try:
             if probe is not None:
                 await probe()
-        except NotImplementedError:
-            pass  # an engine that cannot be probed is taken as ready; its first failure will say otherwise
         except EngineError as exc:
             self.ready, self.ready_error = False, str(exc)
             logger.warning("the decision engine is not ready: %s; policies follow on_engine_error", exc)
