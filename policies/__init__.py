@@ -11,6 +11,7 @@ Pure: reads its files and nothing else.
 from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
 from policies._expr import Condition, ExpressionError, compile_condition
 from policies._load import Config, load_config, parse_config
+from policies._params import API_TITLES, APIS, PARAMS, ApiName, param_path
 from policies._policy import Action, Block, Decision, Policy, Route, Rule, StateSettings, Step
 from policies._schema import (
     CacheSettings,
@@ -24,7 +25,11 @@ from policies._schema import (
 from policies._testing import PolicyTest, TestResult, run_test
 
 __all__ = [
+    "APIS",
+    "API_TITLES",
+    "PARAMS",
     "Action",
+    "ApiName",
     "Block",
     "CacheSettings",
     "Condition",
@@ -50,6 +55,7 @@ __all__ = [
     "UpstreamSettings",
     "compile_condition",
     "load_config",
+    "param_path",
     "parse_config",
     "run_test",
 ]

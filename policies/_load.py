@@ -10,7 +10,7 @@ file keeps the one it has.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from d3backend import Choice, Noul, Question, Score, answer_from
 from policies._errors import ConfigError, Issue, Path
 from policies._expr import ExpressionError, compile_condition
+from policies._params import API_TITLES, param_path
 from policies._policy import Block, Policy, Route, Rule, StateSettings
 from policies._schema import (
     ActionSpec,
@@ -106,6 +107,10 @@ class _Compiler:
             if policy is not None:
                 policies[name] = policy
                 tests.extend(self.tests(policy, policy_spec, declared, path))
+        default = self.spec.server.default_policy
+        if default is not None and default not in self.spec.policies:
+            known = ", ".join(map(repr, self.spec.policies)) or "none"
+            self.issue(("server", "default_policy"), f"unknown policy {default!r}; expected one of {known}")
         if self.issues:
             raise ConfigError(_sorted(self.issues))
         return Config(
@@ -145,6 +150,7 @@ class _Compiler:
                 except ExpressionError as exc:
                     self.issue((*rule_path, "when"), str(exc))
             action = self.action(rule_spec, rule_path)
+            self.params(rule_spec, spec.apis, rule_path)
             if rule_spec.when is None and action is not None and terminal is None:
                 terminal = rule_spec.name
             rules.append(Rule(rule_spec.name, rule_spec.when, condition, action, rule_spec.tag, rule_spec.set_))
@@ -155,7 +161,7 @@ class _Compiler:
                 f"the last rule ({last.name!r}) must be an unconditional route, the policy's default;"
                 " add e.g. `- {name: default, route: <upstream>}`",
             )
-        fallback = self.on_engine_error(spec.on_engine_error, spec.rules[-1], (*path, ON_ENGINE_ERROR))
+        fallback = self.on_engine_error(spec.on_engine_error, spec.rules[-1], spec.apis, (*path, ON_ENGINE_ERROR))
         if len(self.issues) > before or fallback is None:
             return None
         unused = tuple(qid for qid in declared if qid not in referenced)
@@ -173,7 +179,21 @@ class _Compiler:
             fallback,
             StateSettings(spec.state.from_, spec.state.max_chars),
             unused,
+            frozenset(spec.apis),
         )
+
+    def params(self, spec: ActionSpec, apis: Sequence[str], path: Path) -> None:
+        """A parameter that one of the policy's APIs has no equivalent for would be dropped: refuse it here."""
+        for name in spec.set_:
+            missing = [api for api in apis if param_path(api, name) is None]
+            if missing:
+                takes = [api for api in apis if api not in missing]
+                hint = f"e.g. `apis: [{', '.join(takes)}]`" if takes else "or remove it"
+                self.issue(
+                    (*path, "set", name),
+                    f"`set` {name!r} has no equivalent in the {' or '.join(API_TITLES[a] for a in missing)} API;"
+                    f" limit the policy's `apis` to those that take it, {hint}",
+                )
 
     def question(self, spec: QuestionSpec, path: Path) -> Question:
         if isinstance(spec, ScoreSpec):
@@ -202,13 +222,16 @@ class _Compiler:
                 self.issue((*path, "route"), f"unknown upstream {name!r}; expected one of {known} (see `upstreams`)")
         return Route(upstreams)
 
-    def on_engine_error(self, spec: ActionSpec | None, default: ActionSpec, path: Path) -> Rule | None:
+    def on_engine_error(
+        self, spec: ActionSpec | None, default: ActionSpec, apis: Sequence[str], path: Path
+    ) -> Rule | None:
         if spec is None:  # fail open: the policy's default route (its names are checked there)
             if default.route is None:
                 return None  # the missing default is reported already
             upstreams = (default.route,) if isinstance(default.route, str) else tuple(default.route)
             return Rule(ON_ENGINE_ERROR, None, None, Route(upstreams), {}, {})
         action = self.action(spec, path)
+        self.params(spec, apis, path)
         if action is None:
             self.issue(path, "`on_engine_error` must `route` or `block`")
             return None

@@ -18,6 +18,7 @@ from typing import Any, Literal, NamedTuple
 from d3backend import Answer, Question
 from policies._errors import EvaluationError
 from policies._expr import Condition
+from policies._params import APIS
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,7 @@ class Policy:
     on_engine_error: Rule
     state: StateSettings
     unused_questions: tuple[str, ...] = ()
+    apis: frozenset[str] = frozenset(APIS)  # the client APIs it decides
 
     def evaluate(self, answers: Mapping[str, Answer]) -> Decision:
         """Walk the rules over `answers`; raise `EvaluationError` if a condition reads a missing answer."""

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from d3backend import D3_MAX_OPTIONS, MAX_QUESTIONS, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
+from policies._params import APIS, STRUCTURAL, ApiName
 
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 _RESERVED_HEADERS = frozenset(
@@ -36,7 +37,7 @@ _RESERVED_HEADERS = frozenset(
 )
 _QUESTION_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_RESERVED_PARAMS = frozenset({"model", "messages", "stream"})
+_PASSTHROUGH_PATH = re.compile(r"^/v1/[A-Za-z0-9._~/-]*\*?$")
 
 
 class Strict(BaseModel):
@@ -131,6 +132,12 @@ class UpstreamSettings(Strict):
     api_key_env: str | None = Field(None, description="Environment variable holding the upstream's key.")
     timeout_s: float = Field(600.0, gt=0, description="Read timeout: the longest gap between bytes.")
     connect_timeout_s: float = Field(5.0, gt=0)
+    max_connections: int = Field(
+        256, gt=0, description="Connections open to this upstream at once; its own pool, apart from the others'."
+    )
+    pool_timeout_s: float = Field(
+        1.0, gt=0, description="Longest wait for a free connection of this upstream; then 503 with Retry-After."
+    )
 
     @field_validator("url")
     @classmethod
@@ -263,7 +270,7 @@ class ActionSpec(Strict):
     @classmethod
     def _params(cls, params: Params) -> Params:
         for name in params:
-            if name in _RESERVED_PARAMS:
+            if name in STRUCTURAL:
                 raise PydanticCustomError(
                     "param",
                     "`set` cannot change {n}: `route` picks the model and the client owns the rest",
@@ -336,6 +343,12 @@ class TestCaseSpec(Strict):
 
 class PolicySpec(Strict):
     description: str | None = None
+    apis: list[ApiName] = Field(
+        default_factory=lambda: list(APIS),
+        min_length=1,
+        description="The client APIs this policy decides; a request on another gets 404. "
+        "Rules may `set` only parameters that every one of them takes.",
+    )
     state: StateSpec = StateSpec()
     on_engine_error: EngineErrorSpec | None = Field(
         None, description="What to do when the engine fails; defaults to the policy's default route."
@@ -376,6 +389,37 @@ class ServerSettings(Strict):
     max_media_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Budget for data URLs handed to the engine.")
     admin_token_env: str | None = Field(None, description="Environment variable with the token for POST /admin/reload.")
     decision_log: DecisionLogSettings | None = None
+    default_policy: str | None = Field(
+        None,
+        description="The policy that decides a request whose `model` names no policy (an upstream's model, any "
+        "other name). Unset, such a request goes undecided to the upstream serving that model.",
+    )
+    passthrough: list[str] = Field(
+        default_factory=list,
+        description="Other /v1 paths passed undecided to the first upstream, e.g. /v1/embeddings or /v1/files/*. "
+        "Others get 404. Empty by default: nothing reaches an upstream without a decision unless listed here.",
+    )
+    unknown_parts: Literal["refuse", "ignore"] = Field(
+        "refuse",
+        description="A content part or item the router cannot read (audio, files, unknown types): refuse with "
+        "400, or leave it out of the decision state and say so in x-d3-parts-ignored.",
+    )
+    max_media_items: int = Field(
+        16, ge=0, description="Images and videos one request may hand to the engine; more get 413."
+    )
+
+    @field_validator("passthrough")
+    @classmethod
+    def _paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            segments = path.rstrip("*").split("/")
+            if not _PASSTHROUGH_PATH.match(path) or any(seg in (".", "..") for seg in segments):
+                raise PydanticCustomError(
+                    "path",
+                    "expected a path under /v1/ (a trailing * matches the rest), found {p}",
+                    {"p": repr(path)},
+                )
+        return paths
 
     @field_validator("admin_token_env")
     @classmethod

@@ -5,22 +5,40 @@ app = create_app(load_config("router.yaml"))            # the proxy, an ASGI app
 app.add_middleware(D3RouterMiddleware, config="router.yaml")   # or decisions inside your own app
 """
 
+from router._anthropic import MESSAGES, Messages
+from router._apis import CHAT, COMPLETIONS, RESPONSES, Api, Completions, Responses, extract_state
 from router._app import ProxyApp, create_app
+from router._endpoints import API_BY_NAME, API_BY_PATH, APIS, detect
 from router._engines import build_engine
 from router._middleware import D3RouterMiddleware
 from router._service import D3Decision, RouterService, format_answers
-from router._state import BadChatRequest, DecisionState, MediaRules, extract_state
+from router._state import BadChatRequest, BadRequest, DecisionState, MediaRules, Turn, build_state
 
 __all__ = [
+    "APIS",
+    "API_BY_NAME",
+    "API_BY_PATH",
+    "CHAT",
+    "COMPLETIONS",
+    "MESSAGES",
+    "RESPONSES",
+    "Api",
     "BadChatRequest",
+    "BadRequest",
+    "Completions",
     "D3Decision",
     "D3RouterMiddleware",
     "DecisionState",
     "MediaRules",
+    "Messages",
     "ProxyApp",
+    "Responses",
     "RouterService",
+    "Turn",
     "build_engine",
+    "build_state",
     "create_app",
+    "detect",
     "extract_state",
     "format_answers",
 ]

@@ -3,42 +3,39 @@
     app = create_app(load_config("router.yaml"))       # engine built from the configuration
     uvicorn.run(app)                                    # or `d3router serve router.yaml`
 
-Endpoints: `POST /v1/chat/completions` (decided by the policy named by `model`; other models pass through to the
-upstream serving them), `GET /v1/models`, `POST /v1/d3/explain` (a dry run), `GET /healthz`, `GET /readyz`,
-`GET /metrics`, `POST /admin/reload` (with the admin token), and any other `/v1/*` request passed through to
-the first upstream.
+Decided endpoints (`router/_endpoints.py`, one adapter per API): `POST /v1/chat/completions`, `/v1/completions`,
+`/v1/responses` and `/v1/messages`, each decided by the policy its `model` names (or `server.default_policy`).
+Also `GET /v1/models`, `POST /v1/d3/explain` (a dry run), `GET /healthz`, `GET /readyz`, `GET /metrics`,
+`POST /admin/reload` (with the admin token); other `/v1/*` paths only where `server.passthrough` lists them.
 """
 
 from __future__ import annotations
 
+import functools
+import hmac
 import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from d3backend import (
-    CachedEngine,
-    DecisionEngine,
-    EmbeddedEngine,
-    EngineError,
-    json_bytes,
-    make_transport,
-    outbound_request,
-)
-from policies import Block, Config, ConfigError, UpstreamSettings, load_config
+from d3backend import CachedEngine, DecisionEngine, EmbeddedEngine, EngineError, json_bytes
+from policies import API_TITLES, Block, Config, ConfigError, load_config
+from router._apis import CHAT, Api
+from router._endpoints import APIS, detect, read_request
 from router._engines import Environ, build_engine
+from router._forward import Failure, Forwarder, allowed, retry_after, unsafe_path
 from router._http import (
-    NOT_FORWARDED_RAW,
     BodyTooLarge,
     ClientDisconnected,
-    Headers,
+    UpstreamBroke,
     cancel_on_disconnect,
     encode_headers,
     read_body,
@@ -48,7 +45,7 @@ from router._http import (
     send_json,
 )
 from router._service import D3Decision, RouterService
-from router._state import BadChatRequest
+from router._state import BadRequest
 
 logger = logging.getLogger(__name__)
 
@@ -70,17 +67,16 @@ class ProxyApp:
         if engine is None and needs_engine:
             engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=self.environ)
         self.service = RouterService(config, engine)
-        # Upstream requests go to the transport directly: a proxy needs none of a client's cookies, redirects or
+        # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
-        self._owns_transport = transport is None
-        self.transport = transport or make_transport()
+        self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
         self.ready = engine is None
         self._closed = False
         self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)
         self._background: list[Any] = []
         self.ready_error: str | None = None if self.ready else "the engine has not started"
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Any]] = {
-            ("POST", "/v1/chat/completions"): self.chat,
+            **{("POST", api.path): functools.partial(self.decided, api) for api in APIS},
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/d3/explain"): self.explain,
             ("GET", "/healthz"): self.healthz,
@@ -129,11 +125,7 @@ class ProxyApp:
 
     async def startup(self) -> None:
         """Open the decision log, start and probe the engine, run the `on_startup` hooks."""
-        log = self.config.server.decision_log
-        if log is not None and self.service.decision_log is None:
-            path = Path(log.path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.service.decision_log = open(path, "a", encoding="utf-8")
+        self._open_decision_log()
         engine = self.service.engine
         if engine is not None:
             inner = engine.engine if isinstance(engine, CachedEngine) else engine
@@ -141,6 +133,19 @@ class ProxyApp:
                 await inner.start()
             await self.check_engine()
         self._background = [hook() for hook in self.on_startup]
+
+    def _open_decision_log(self, reopen: bool = False) -> None:
+        """Open the configured decision log (a path relative to the configuration file's folder, as model paths
+        are); on reload, close the old one and open the new one, or none."""
+        if reopen and self.service.decision_log is not None:
+            self.service.decision_log.close()
+            self.service.decision_log = None
+            logger.info("decision log: now %s", self.config.server.decision_log)
+        log = self.config.server.decision_log
+        if log is not None and self.service.decision_log is None:
+            path = Path(self.config.file).parent / log.path
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.service.decision_log = open(path, "a", encoding="utf-8")
 
     async def check_engine(self) -> bool:
         """Probe the engine (one without a probe is taken as ready: its first failure will say otherwise);
@@ -169,147 +174,137 @@ class ProxyApp:
                 task.cancel()
         if self._owns_engine and self.service.engine is not None:
             await self.service.engine.aclose()
-        if self._owns_transport:
-            await self.transport.aclose()
+        await self.forwarder.aclose()
         if self.service.decision_log is not None:
             self.service.decision_log.close()
             self.service.decision_log = None
 
-    # --- chat ------------------------------------------------------------------------------------------------------
-    async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
-        parsed = await self._read_chat(scope, receive, send)
-        if parsed is None:
+    # --- the decided endpoints ------------------------------------------------------------------------------------
+    async def decided(self, api: Api, scope: Scope, receive: Receive, send: Send) -> None:
+        """A generation request of any API: the policy named by `model` (or `server.default_policy`) decides."""
+        snapshot = self.service.snapshot  # read once: a reload meanwhile does not change this request's config
+        config = snapshot.config
+        try:
+            raw, body = await read_request(scope, receive, config.server.max_body_bytes)
+        except BadRequest as exc:
+            self.service.metrics.request("-", "-", "invalid", exc.status)
+            await send_json(send, exc.status, api.error(exc.status, exc.message, "invalid_request_error"))
             return
-        raw, body = parsed
-        config = self.config
         model = body.get("model")
         policy = config.policies.get(model) if isinstance(model, str) else None
+        if policy is None and config.server.default_policy is not None:
+            policy = config.policies[config.server.default_policy]
         if policy is None:
-            await cancel_on_disconnect(receive, lambda: self._passthrough_model(model, scope, send, raw))
+            await cancel_on_disconnect(receive, lambda: self._undecided(api, model, scope, send, raw, config))
+            return
+        if api.name not in policy.apis:
+            message = f"the policy {policy.name!r} does not serve the {API_TITLES[api.name]} API (its `apis`)"
+            await send_json(send, 404, api.error(404, message, "invalid_request_error", "model_not_found", "model"))
             return
         request_id = "" if self.service.decision_log is None else _header(scope, b"x-request-id") or uuid.uuid4().hex
         try:
-            d3 = await self.service.decide(policy, body, request_id)
-        except BadChatRequest as exc:
-            self.service.metrics.request(policy.name, "-", "invalid", 400)
-            await send_error(send, 400, exc.message, "invalid_request_error", param=exc.param)
+            d3 = await self.service.decide(policy, body, request_id, api=api, snapshot=snapshot)
+        except BadRequest as exc:
+            self.service.metrics.request(policy.name, "-", "invalid", exc.status)
+            error = api.error(exc.status, exc.message, "invalid_request_error", param=exc.param)
+            await send_json(send, exc.status, error)
             return
         action = d3.decision.action
         if isinstance(action, Block):
             self.service.metrics.request(policy.name, d3.decision.rule, "block", action.status)
-            await send_error(
-                send, action.status, action.message, "policy_violation", code=d3.decision.rule,
-                headers=encode_headers(d3.headers()),
-            )  # fmt: skip
+            error = api.error(action.status, action.message, "policy_violation", code=d3.decision.rule)
+            await send_json(send, action.status, error, encode_headers(d3.headers()))
             return
-        await cancel_on_disconnect(receive, lambda: self._route(scope, send, raw, body, d3, action.upstreams))
-
-    async def _read_chat(self, scope: Scope, receive: Receive, send: Send) -> tuple[bytes, dict[str, Any]] | None:
-        limit = self.config.server.max_body_bytes
-        try:
-            raw = await read_body(receive, limit)
-        except BodyTooLarge as exc:
-            await send_error(send, 413, str(exc), "invalid_request_error")
-            return None
-        content_type = (_header(scope, b"content-type") or "application/json").split(";")[0].strip().lower()
-        if content_type != "application/json":
-            await send_error(send, 415, f"expected content-type application/json, found {content_type!r}",
-                             "invalid_request_error")  # fmt: skip
-            return None
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            reason = "invalid UTF-8" if isinstance(exc, UnicodeDecodeError) else "invalid JSON"
-            await send_error(send, 400, f"the request body is not a JSON object: {reason}", "invalid_request_error")
-            return None
-        if not isinstance(body, dict):
-            await send_error(send, 400, "the request body must be a JSON object", "invalid_request_error")
-            return None
-        return raw, body
+        await cancel_on_disconnect(
+            receive, lambda: self._route(api, scope, send, raw, body, d3, action.upstreams, config)
+        )
 
     async def _route(
-        self, scope: Scope, send: Send, raw: bytes, body: dict[str, Any], d3: D3Decision, upstreams: tuple[str, ...]
-    ) -> None:
-        config = self.config
-        failure: tuple[int, str] = (502, "no upstream was tried")
+        self, api: Api, scope: Scope, send: Send, raw: bytes, body: dict[str, Any], d3: D3Decision,
+        upstreams: tuple[str, ...], config: Config,
+    ) -> None:  # fmt: skip
+        metrics = self.service.metrics
+        failure: Failure = (502, "no upstream was tried")
         tags = encode_headers(d3.decision.tags.items())
+        tried = upstreams[0]
         for index, name in enumerate(upstreams):
-            upstream = config.upstreams[name]
-            payload = _rewrite(raw, body, upstream.model, d3.decision.params)
-            response, failure = await self._open(upstream, name, "POST", "/chat/completions", scope, payload, tags)
+            tried, upstream = name, config.upstreams[name]
+            payload = api.rewrite(raw, body, upstream.model, d3.decision.params)
+            response, failure = await self.forwarder.open(
+                api, upstream, name, "POST", api.upstream_path, scope, payload, tags
+            )
             if response is None:
                 continue
-            last = index == len(upstreams) - 1
-            if response.status_code >= 500 and not last:
+            if response.status_code >= 500 and index < len(upstreams) - 1:
                 await response.aclose()
-                self.service.metrics.upstream_errors[(name, str(response.status_code))] += 1
+                metrics.upstream_errors[(name, str(response.status_code))] += 1
                 failure = (502, f"upstream {name!r} answered {response.status_code}")
                 continue
-            self.service.metrics.request(d3.policy, d3.decision.rule, "route", response.status_code)
-            await relay(response, send, encode_headers(d3.headers(upstream=name)))
+            try:
+                if not await relay(response, send, encode_headers(d3.headers(upstream=name)), name):
+                    metrics.upstream_errors[(name, "broken")] += 1
+            except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
+                metrics.upstream_errors[(name, "broken")] += 1
+                failure = (502, str(exc))
+                continue
+            metrics.request(d3.policy, d3.decision.rule, "route", response.status_code)
             return
-        self.service.metrics.request(d3.policy, d3.decision.rule, "route", failure[0])
-        await send_error(send, failure[0], failure[1], "upstream_error", headers=encode_headers(d3.headers()))
+        metrics.request(d3.policy, d3.decision.rule, "route", failure[0])
+        error = api.error(failure[0], failure[1], "upstream_error")
+        await send_json(
+            send, failure[0], error, [*encode_headers(d3.headers(upstream=tried)), *retry_after(failure[0])]
+        )
 
-    async def _open(
-        self, upstream: UpstreamSettings, name: str, method: str, path: str, scope: Scope, payload: bytes,
-        extra: Headers,
-    ) -> tuple[httpx.Response | None, tuple[int, str]]:  # fmt: skip
-        """Send the request upstream and wait for its response headers; a failure is (None, (status, message))."""
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in NOT_FORWARDED_RAW]
-        if upstream.api_key_env:
-            key = self.environ.get(upstream.api_key_env, "")
-            headers = [(k, v) for k, v in headers if k.lower() != b"authorization"]
-            headers.append((b"authorization", f"Bearer {key}".encode("latin-1", "replace")))
-        headers += extra
-        request = outbound_request(
-            method, upstream.url + path, headers=headers, content=payload, timeout_s=upstream.timeout_s,
-            connect_timeout_s=upstream.connect_timeout_s, query=scope.get("query_string", b""),
-        )  # fmt: skip
-        start = time.perf_counter()
-        try:
-            response = await self.transport.handle_async_request(request)
-        except httpx.TimeoutException:
-            self.service.metrics.upstream_errors[(name, "timeout")] += 1
-            return None, (504, f"upstream {name!r} did not answer within {upstream.timeout_s:g} s")
-        except httpx.TransportError as exc:
-            self.service.metrics.upstream_errors[(name, "connect")] += 1
-            return None, (502, f"cannot reach upstream {name!r}: {type(exc).__name__}")
-        self.service.metrics.upstream_seconds[name].observe(time.perf_counter() - start)
-        return response, (response.status_code, "")
-
-    async def _passthrough_model(self, model: Any, scope: Scope, send: Send, raw: bytes) -> None:
-        """A model no policy names goes to the upstream that serves it, untouched."""
-        for name, upstream in self.config.upstreams.items():
+    async def _undecided(self, api: Api, model: Any, scope: Scope, send: Send, raw: bytes, config: Config) -> None:
+        """With no `server.default_policy`, a model no policy names goes untouched to the upstream serving it."""
+        for name, upstream in config.upstreams.items():
             if isinstance(model, str) and model in (upstream.model, name):
-                response, failure = await self._open(upstream, name, "POST", "/chat/completions", scope, raw, [])
-                if response is None:
-                    await send_error(send, failure[0], failure[1], "upstream_error")
-                    return
-                await relay(response, send, [(b"x-d3-upstream", name.encode("latin-1", "replace"))])
+                response, failure = await self.forwarder.open(api, upstream, name, "POST", api.upstream_path, scope,
+                                                              raw, [])  # fmt: skip
+                tag = [(b"x-d3-upstream", name.encode("latin-1", "replace"))]
+                if response is not None:
+                    try:
+                        await relay(response, send, tag, name)
+                        return
+                    except UpstreamBroke as exc:
+                        failure = (502, str(exc))
+                await send_json(send, failure[0], api.error(failure[0], failure[1], "upstream_error"),
+                                [*tag, *retry_after(failure[0])])  # fmt: skip
                 return
-        known = sorted({*self.config.policies, *(u.model for u in self.config.upstreams.values() if u.model)})
-        await send_error(
-            send, 404, f"the model {model!r} does not exist; available: {', '.join(known)}", "invalid_request_error",
-            code="model_not_found", param="model",
-        )  # fmt: skip
+        known = sorted({*config.policies, *(u.model for u in config.upstreams.values() if u.model)})
+        message = f"the model {model!r} does not exist; available: {', '.join(known)}"
+        await send_json(send, 404, api.error(404, message, "invalid_request_error", "model_not_found", "model"))
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Other `/v1/*` requests go to the first upstream as they came."""
+        """Other `/v1/*` requests: those `server.passthrough` lists go to the first upstream as they came (the path
+        as the client wrote it, once checked); others get 404."""
+        config = self.config
+        raw_path = (scope.get("raw_path") or scope["path"].encode("utf-8")).split(b"?")[0]
+        problem = unsafe_path(raw_path)
+        if problem is not None:
+            await send_error(send, 400, f"the path holds {problem}; it is not forwarded", "invalid_request_error")
+            return
+        if not allowed(scope["path"], config.server.passthrough):
+            await send_error(send, 404, f"no route for {scope['method']} {scope['path']}; d3-router forwards only "
+                             "the paths server.passthrough lists", "not_found_error")  # fmt: skip
+            return
         try:
-            raw = await read_body(receive, self.config.server.max_body_bytes)
+            raw = await read_body(receive, config.server.max_body_bytes)
         except BodyTooLarge as exc:
             await send_error(send, 413, str(exc), "invalid_request_error")
             return
-        name, upstream = next(iter(self.config.upstreams.items()))
-        path = scope["path"].removeprefix("/v1")
+        name, upstream = next(iter(config.upstreams.items()))
+        path = raw_path.decode("latin-1").removeprefix("/v1")
 
         async def forward() -> None:
-            response, failure = await self._open(upstream, name, scope["method"], path, scope, raw, [])
-            if response is None:
-                await send_error(send, failure[0], failure[1], "upstream_error")
-                return
-            await relay(response, send, [])
+            response, failure = await self.forwarder.open(CHAT, upstream, name, scope["method"], path, scope, raw, [])
+            if response is not None:
+                try:
+                    await relay(response, send, [], name)
+                    return
+                except UpstreamBroke as exc:
+                    failure = (502, str(exc))
+            await send_error(send, failure[0], failure[1], "upstream_error", headers=retry_after(failure[0]))
 
         await cancel_on_disconnect(receive, forward)
 
@@ -326,23 +321,15 @@ class ProxyApp:
         await send_json(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
     async def explain(self, scope: Scope, receive: Receive, send: Send) -> None:
-        parsed = await self._read_chat(scope, receive, send)
-        if parsed is None:
-            return
-        _, body = parsed
-        model = body.get("model")
-        policy = self.config.policies.get(model) if isinstance(model, str) else None
-        if policy is None:
-            await send_error(send, 404, f"no policy is named {model!r}; explain needs a policy's model name",
-                             "invalid_request_error", param="model")  # fmt: skip
-            return
+        """A dry run for a body of any decided API (`?api=chat|completions|responses|messages`, else guessed from
+        its fields): state, questions, answers and rule trace; no upstream is called."""
         try:
-            d3 = await self.service.decide(policy, body)
-        except BadChatRequest as exc:
-            await send_error(send, 400, exc.message, "invalid_request_error", param=exc.param)
+            _, body = await read_request(scope, receive, self.config.server.max_body_bytes)
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            payload = await self.service.explain(body, detect(body, (query.get("api") or [None])[0]))
+        except BadRequest as exc:
+            await send_error(send, exc.status, exc.message, "invalid_request_error", param=exc.param)
             return
-        payload = d3.explain()
-        payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
         await send_json(send, 200, json_bytes(payload))
 
     async def healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -367,7 +354,7 @@ class ProxyApp:
         env = self.config.server.admin_token_env
         token = self.environ.get(env, "") if env else ""
         given = (_header(scope, b"authorization") or "").removeprefix("Bearer ").strip()
-        if not token or given != token:
+        if not token or not hmac.compare_digest(given.encode(), token.encode()):  # no timing hint of the token
             await send_error(send, 403, "reload needs the admin token (server.admin_token_env)", "permission_error")
             return
         ok, message = self.reload()
@@ -375,15 +362,18 @@ class ProxyApp:
 
     def reload(self) -> tuple[bool, str]:
         """Load the configuration file again and swap it in whole; a broken file keeps the running one."""
-        file = self.config.file
+        old = self.config
+        file = old.file
         try:
             config = load_config(file)
             self.service.swap(config)
         except (ConfigError, RuntimeError) as exc:
             logger.error("reload of %s failed, keeping the running configuration:\n%s", file, exc)
             return False, str(exc)
-        if config.engine != self.config.engine:
+        if config.engine != old.engine:
             logger.warning("the engine section changed; engine changes take effect on restart")
+        if config.server.decision_log != old.server.decision_log:
+            self._open_decision_log(reopen=True)
         logger.info("reloaded %s: %d policies", file, len(config.policies))
         return True, f"reloaded {file}"
 
@@ -391,16 +381,6 @@ class ProxyApp:
 def create_app(config: Config, **kwargs: Any) -> ProxyApp:
     """The proxy app for `config`; see `ProxyApp` for the keyword arguments."""
     return ProxyApp(config, **kwargs)
-
-
-def _rewrite(raw: bytes, body: dict[str, Any], model: str | None, params: Mapping[str, Any]) -> bytes:
-    """The client's bytes unless the route rewrites the model or a rule sets parameters."""
-    if not params and (model is None or body.get("model") == model):
-        return raw
-    changed = {**body, **params}
-    if model is not None:
-        changed["model"] = model
-    return json_bytes(changed)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

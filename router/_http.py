@@ -117,31 +117,49 @@ async def cancel_on_disconnect(receive: Receive, work: Callable[[], Awaitable[No
         watcher.cancel()
 
 
-SMALL_BODY = 64 * 1024
+BUFFER_LIMIT = 1024 * 1024
 
 
-async def relay(response: httpx.Response, send: Send, extra: Headers) -> None:
-    """Send `response` to the client as it arrives: status, headers (hop-by-hop removed), raw bytes; a small body
-    with a known length goes in one piece. The upstream response is closed either way."""
+async def relay(response: httpx.Response, send: Send, extra: Headers, upstream: str = "upstream") -> bool:
+    """Send `response` to the client: status, headers (hop-by-hop removed), raw bytes. An event stream goes on as it
+    arrives, unbuffered. Any other body is read whole first (up to `BUFFER_LIMIT`, then streamed), so an upstream
+    that breaks off mid-way raises `UpstreamBroke` while nothing has reached the client, and the caller can try
+    another upstream or answer 502. Once started, a break logs one warning, leaves the response incomplete (the
+    server closes the connection: the client sees the cut) and returns False. The upstream response is closed."""
     headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
+    start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
+    stream = response.aiter_raw()
+    chunks: list[bytes] = []
     try:
-        length = response.headers.get("content-length")
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            size = 0
+            try:
+                async for chunk in stream:
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > BUFFER_LIMIT:
+                        break
+                else:
+                    await send(start)
+                    await send({"type": "http.response.body", "body": b"".join(chunks)})
+                    return True
+            except httpx.HTTPError as exc:
+                raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc
+        await send(start)
+        for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
         try:
-            if length is not None and length.isdigit() and int(length) <= SMALL_BODY:
-                body = b"".join([chunk async for chunk in response.aiter_raw()])
-                await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
-                return
-            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-            async for chunk in response.aiter_raw():
+            async for chunk in stream:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as exc:
-            logger.warning("the upstream's response broke off mid-way: %s", type(exc).__name__)
-            raise UpstreamBroke from exc
+            logger.warning("upstream %r broke off its response mid-way (%s); the client's response is cut short",
+                           upstream, type(exc).__name__)  # fmt: skip
+            return False
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
     finally:
         await response.aclose()
 
 
 class UpstreamBroke(Exception):
-    """The upstream's body stopped mid-way; the client's response cannot be completed and is aborted."""
+    """The upstream's body stopped before any of it reached the client; the message says which and how."""

@@ -16,8 +16,9 @@ from typing import Any, TextIO
 
 from d3backend import Answer, ChoiceAnswer, DecisionEngine, EngineError, NoulAnswer, ScoreAnswer, json_bytes
 from policies import Block, Config, Decision, Policy, Route
+from router._apis import CHAT, Api
 from router._metrics import Metrics
-from router._state import DecisionState, MediaRules, extract_state
+from router._state import BadRequest, DecisionState, MediaRules
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class D3Decision:
             headers.append(("x-d3-state-truncated", str(self.state.truncated)))
         if self.state.dropped:
             headers.append(("x-d3-media-dropped", str(len(self.state.dropped))))
+        if self.state.ignored:
+            headers.append(("x-d3-parts-ignored", str(self.state.ignored)))
         headers.extend(decision.tags.items())
         return headers
 
@@ -71,6 +74,7 @@ class D3Decision:
             "videos": len(self.state.videos),
             "state_truncated_chars": self.state.truncated,
             "media_dropped": list(self.state.dropped),
+            "parts_ignored": self.state.ignored,
             "answers": {qid: _answer_json(answer) for qid, answer in self.answers.items()},
             "decision": {
                 "rule": self.decision.rule,
@@ -86,6 +90,16 @@ class D3Decision:
             "decision_ms": round(self.decision_ms, 3),
             "cached": self.cached,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One configuration and what is derived from it: a request reads it once and is served under it whole, even
+    when a reload swaps in another meanwhile."""
+
+    config: Config
+    media: MediaRules
+    lenient: bool  # server.unknown_parts == "ignore"
 
 
 class RouterService:
@@ -106,14 +120,19 @@ class RouterService:
 
     @property
     def config(self) -> Config:
-        return self._config
+        return self.snapshot.config
 
     @config.setter
     def config(self, config: Config) -> None:
-        # The media rules are derived once per configuration, not on every request.
+        # What is derived from the configuration is derived once, not on every request.
         server = config.server
-        self.media = MediaRules(frozenset(host.lower() for host in server.media_hosts), server.max_media_bytes)
-        self._config = config
+        hosts = frozenset(host.lower() for host in server.media_hosts)
+        media = MediaRules(hosts, server.max_media_bytes, server.max_media_items)
+        self.snapshot = Snapshot(config, media, server.unknown_parts == "ignore")
+
+    @property
+    def media(self) -> MediaRules:
+        return self.snapshot.media
 
     def swap(self, config: Config) -> None:
         """Use `config` from the next request on (the reload path); it must not need an engine we lack."""
@@ -121,9 +140,15 @@ class RouterService:
             raise RuntimeError("the new configuration asks questions, but no engine is running; restart the router")
         self.config = config
 
-    async def decide(self, policy: Policy, body: Mapping[str, Any], request_id: str = "") -> D3Decision:
-        """Decide for a parsed chat request body; raise `BadChatRequest` when its messages cannot be read."""
-        state = extract_state(body.get("messages"), policy.state, self.media)
+    async def decide(
+        self, policy: Policy, body: Mapping[str, Any], request_id: str = "", *, api: Api = CHAT,
+        snapshot: Snapshot | None = None,
+    ) -> D3Decision:  # fmt: skip
+        """Decide for a parsed request body of `api` (chat by default) under `snapshot` (the current one by
+        default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error."""
+        snapshot = snapshot or self.snapshot
+        state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
+        timeout_s = snapshot.config.server.decision_timeout_s
         start = time.perf_counter()
         answers: Mapping[str, Answer] = {}
         cached = False
@@ -135,7 +160,7 @@ class RouterService:
             decision = policy.engine_failed()
         else:
             try:
-                async with asyncio.timeout(self.config.server.decision_timeout_s):  # no task, unlike wait_for
+                async with asyncio.timeout(timeout_s):  # no task, unlike wait_for
                     decided = await self.engine.decide(
                         state.state, policy.questions, images=state.images, videos=state.videos
                     )
@@ -144,7 +169,7 @@ class RouterService:
                 self.metrics.engine_errors[type(exc).__name__] += 1
                 decision = policy.engine_failed()
             except TimeoutError:
-                error = f"no decision within server.decision_timeout_s ({self.config.server.decision_timeout_s:g} s)"
+                error = f"no decision within server.decision_timeout_s ({timeout_s:g} s)"
                 self.metrics.engine_errors["DecisionTimeout"] += 1
                 decision = policy.engine_failed()
             else:
@@ -157,10 +182,28 @@ class RouterService:
             logger.warning("policy %r: the engine failed (%s); %s decides", policy.name, error, decision.rule)
         d3 = D3Decision(policy.name, decision, answers, state, elapsed_ms, cached, error)
         if self.decision_log is not None:
-            self._log(d3, request_id)
+            self._log(d3, request_id, snapshot.config)
         return d3
 
-    def _log(self, d3: D3Decision, request_id: str) -> None:
+    async def explain(self, body: Mapping[str, Any], api: Api = CHAT) -> dict[str, Any]:
+        """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides."""
+        config = self.snapshot.config
+        model = body.get("model")
+        policy = config.policies.get(model) if isinstance(model, str) else None
+        if policy is None and config.server.default_policy is not None:
+            policy = config.policies[config.server.default_policy]
+        if policy is None:
+            raise BadRequest(
+                f"no policy is named {model!r} and server.default_policy is unset; explain needs a policy's name",
+                "model", status=404,
+            )  # fmt: skip
+        d3 = await self.decide(policy, body, api=api)
+        payload = d3.explain()
+        payload["api"] = api.name
+        payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
+        return payload
+
+    def _log(self, d3: D3Decision, request_id: str, config: Config) -> None:
         entry: dict[str, Any] = {
             "time": round(time.time(), 3),
             "request_id": request_id,
@@ -172,7 +215,7 @@ class RouterService:
             "cached": d3.cached,
             "degraded": d3.decision.degraded,
         }
-        settings = self.config.server.decision_log
+        settings = config.server.decision_log
         if settings is not None and settings.include_text:
             entry["state"] = d3.state.state
         assert self.decision_log is not None  # checked by the caller

@@ -1,17 +1,19 @@
-"""From a chat request's messages to the decision state the engine reads.
+"""From a request's turns to the decision state the engine reads.
 
-    state = extract_state(messages, policy.state, media=MediaRules(hosts=frozenset({"img.example.com"})))
-    state.text            # what the engine reads: the last user turn, a transcript, or JSON
+Each client API's adapter (`router/_apis.py`) reads its body into `Turn`s; this module picks the turns the policy's
+state reads, budgets the text and vets the media:
+
+    turns = [Turn("system", "Be brief."), Turn("user", "Look at this", (("image", PNG),))]
+    state = build_state(turns, policy.state, MediaRules(hosts=frozenset({"img.example.com"})))
+    state.state           # what the engine reads: the last user turn, a transcript, or JSON
     state.truncated       # characters cut to fit the budget (oldest first), reported in x-d3-state-truncated
 
-Text parts are joined; `image_url` parts become `images` and `video_url` parts `videos`. Data URLs pass within a
-byte budget; http(s) URLs only to hosts the configuration allows (the engine would fetch them itself); anything
-else is dropped and counted, never silently.
+Data URLs pass within a byte budget; http(s) URLs only to hosts the configuration allows (the engine would fetch
+them itself); anything else is dropped and counted, never silently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,19 +22,36 @@ from d3backend import JSONValue
 from policies import StateSettings
 
 
-class BadChatRequest(ValueError):
-    """The chat request cannot be read; `param` names the offending field, as OpenAI's errors do."""
+class BadRequest(ValueError):
+    """The request cannot be decided as it is; `param` names the offending field, as OpenAI's errors do."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
         self.message = message
         self.param = param
+        self.status = status
         super().__init__(message)
+
+
+BadChatRequest = BadRequest  # the name of the first release, when only chat was decided
 
 
 @dataclass(frozen=True, slots=True)
 class MediaRules:
     hosts: frozenset[str] = frozenset()
     max_bytes: int = 8 * 1024 * 1024
+    max_items: int = 16
+
+
+DEFAULT_MEDIA = MediaRules()
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One message of a conversation, whatever the API: its role, its text, and its images and videos."""
+
+    role: str  # system, developer, user, assistant or tool
+    text: str
+    media: tuple[tuple[str, str], ...] = ()  # ("image" | "video", url)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,89 +61,88 @@ class DecisionState:
     videos: tuple[str, ...] = ()
     truncated: int = 0  # characters cut from the oldest text
     dropped: tuple[str, ...] = field(default=())  # why each dropped media item was dropped
+    ignored: int = 0  # content parts left out of the state (server.unknown_parts: ignore)
 
 
-_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-
-
-def extract_state(messages: Any, settings: StateSettings, media: MediaRules = MediaRules()) -> DecisionState:
-    """Build the state for `settings.source` within `settings.max_chars`; raise `BadChatRequest`."""
-    turns = _read_messages(messages)
+def build_state(
+    turns: list[Turn], settings: StateSettings, media: MediaRules = DEFAULT_MEDIA, ignored: int = 0
+) -> DecisionState:
+    """The state for `settings.source` within `settings.max_chars`; `BadRequest` (413) over the media limit."""
     if settings.source == "last_user":
-        users = [turn for turn in turns if turn[0] == "user"]
+        users = [turn for turn in turns if turn.role == "user"]
         chosen = users[-1:] if users else turns[-1:]
     else:
         chosen = turns
-    texts = [text for _, text, _ in chosen]
-    images, videos, dropped = _media([parts for _, _, parts in chosen], media)
+    count = sum(len(turn.media) for turn in chosen)
+    if count > media.max_items:
+        raise BadRequest(
+            f"the request hands {count} images and videos to the decision; at most {media.max_items} are allowed"
+            " (server.max_media_items)",
+            status=413,
+        )
+    texts = [turn.text for turn in chosen]
+    images, videos, dropped = _media(chosen, media)
     budget = settings.max_chars
     if settings.source == "json":
         kept, cut = _budget(texts, budget)
-        roles = [role for role, _, _ in chosen][len(chosen) - len(kept) :]
+        roles = [turn.role for turn in chosen][len(chosen) - len(kept) :]
         state: JSONValue = [{"role": role, "content": text} for role, text in zip(roles, kept, strict=True)]
     elif settings.source == "conversation":
-        lines = [f"{role}: {text}" for role, text, _ in chosen]
+        lines = [f"{turn.role}: {turn.text}" for turn in chosen]
         kept, cut = _budget(lines, budget, separator=2)
         state = "\n\n".join(kept)
     else:
         kept, cut = _budget(texts, budget)
         state = kept[0] if kept else ""
-    return DecisionState(state, tuple(images), tuple(videos), cut, tuple(dropped))
+    return DecisionState(state, tuple(images), tuple(videos), cut, tuple(dropped), ignored)
 
 
-def _read_messages(messages: Any) -> list[tuple[str, str, list[dict[str, Any]]]]:
-    if messages is None:
-        raise BadChatRequest("`messages` is missing; expected a list of chat messages", "messages")
-    if not isinstance(messages, list):
-        raise BadChatRequest(f"`messages` must be a list, found {_kind(messages)}", "messages")
-    if not messages:
-        raise BadChatRequest("`messages` is empty; expected at least one message", "messages")
-    turns = []
-    for index, message in enumerate(messages):
-        where = f"messages[{index}]"
-        if not isinstance(message, dict):
-            raise BadChatRequest(f"{where} must be an object with `role` and `content`, found {_kind(message)}", where)
-        role = message.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise BadChatRequest(f"{where}.role must be one of {', '.join(sorted(_ROLES))}", f"{where}.role")
-        text, parts = _content(message.get("content"), f"{where}.content")
-        turns.append((role, text, parts))
-    return turns
+class Content:
+    """Reads content parts into text and media, counting (or refusing) the parts no decision can read.
+
+    Each API names its parts differently; `text_fields` maps a text-carrying type to the field holding its text."""
+
+    def __init__(self, *, lenient: bool) -> None:
+        self.lenient = lenient
+        self.ignored = 0
+
+    def unreadable(self, kind: str, where: str) -> None:
+        """A part the router cannot read: refused (400, the default) or left out and counted."""
+        if not self.lenient:
+            raise BadRequest(
+                f"{where} has type {kind!r}, which d3-router cannot read for its decision; send text, images or"
+                " videos, or set server.unknown_parts: ignore to leave such parts out of the decision",
+                f"{where}.type",
+            )
+        self.ignored += 1
 
 
-def _content(content: Any, where: str) -> tuple[str, list[dict[str, Any]]]:
-    if content is None:
-        return "", []
-    if isinstance(content, str):
-        return content, []
-    if not isinstance(content, list):
-        raise BadChatRequest(f"{where} must be a string or a list of content parts, found {_kind(content)}", where)
-    texts: list[str] = []
-    media: list[dict[str, Any]] = []
-    for index, part in enumerate(content):
-        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-            raise BadChatRequest(f"{where}[{index}] must be an object with a `type`", f"{where}[{index}]")
-        if part["type"] == "text":
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise BadChatRequest(f"{where}[{index}].text must be a string", f"{where}[{index}].text")
-            texts.append(text)
-        elif part["type"] in ("image_url", "video_url"):
-            media.append(part)
-    return "\n".join(texts), media
+def need_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise BadRequest(f"{where} must be a string, found {kind_of(value)}", where)
+    return value
 
 
-def _media(groups: Sequence[list[dict[str, Any]]], rules: MediaRules) -> tuple[list[str], list[str], list[str]]:
+def need_list(value: Any, where: str, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise BadRequest(f"{where} must be {what}, found {kind_of(value)}", where)
+    return value
+
+
+def need_object(value: Any, where: str, what: str = "an object with a `type`") -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest(f"{where} must be {what}", where)
+    return value
+
+
+def _media(turns: list[Turn], rules: MediaRules) -> tuple[list[str], list[str], list[str]]:
     images: list[str] = []
     videos: list[str] = []
     dropped: list[str] = []
     spent = 0
-    for parts in groups:
-        for part in parts:
-            kind = part["type"]
-            holder = part.get(kind)
-            url = holder.get("url") if isinstance(holder, dict) else holder
-            if not isinstance(url, str) or not url:
+    for turn in turns:
+        for kind, url in turn.media:
+            if not url:
                 dropped.append(f"{kind} without a url")
                 continue
             reason = _refuse(url, rules, spent)
@@ -133,7 +151,7 @@ def _media(groups: Sequence[list[dict[str, Any]]], rules: MediaRules) -> tuple[l
                 continue
             if url.startswith("data:"):
                 spent += len(url)
-            (images if kind == "image_url" else videos).append(url)
+            (images if kind == "image" else videos).append(url)
     return images, videos, dropped
 
 
@@ -148,7 +166,10 @@ def _refuse(url: str, rules: MediaRules, spent: int) -> str | None:
             return "data URLs over the media budget"
         return None
     if scheme in ("http", "https"):
-        host = (urlsplit(url).hostname or "").lower()
+        try:
+            host = (urlsplit(url).hostname or "").lower()
+        except ValueError:
+            return "malformed URL"
         return None if host in rules.hosts else f"host {host or '?'} not in server.media_hosts"
     return f"scheme {scheme or '?'} not allowed"
 
@@ -169,7 +190,7 @@ def _budget(texts: list[str], budget: int, separator: int = 1) -> tuple[list[str
     return kept, total - sum(len(text) for text in kept)
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
     if value is None:
         return "null"
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")

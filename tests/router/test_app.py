@@ -18,7 +18,7 @@ from router import ProxyApp, create_app
 pytestmark = pytest.mark.anyio
 
 CONFIG = """
-server: {admin_token_env: D3_ADMIN, media_hosts: [img.example.com]}
+server: {admin_token_env: D3_ADMIN, media_hosts: [img.example.com], passthrough: [/v1/embeddings, /v1/files/*]}
 upstreams:
   small: {url: http://small.test/v1, model: small-model}
   large: {url: http://large.test/v1, model: big-model, api_key_env: LARGE_KEY}

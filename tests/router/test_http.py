@@ -17,6 +17,7 @@ from router._http import ClientDisconnected, cancel_on_disconnect, read_body
 
 CONFIG = """
 upstreams: {chat: {url: "http://upstream.test/v1"}}
+
 policies:
   auto:
     questions: {kind: {type: choice, criteria: {code: Writing code, chat: Anything else}}}
@@ -125,7 +126,7 @@ async def test_a_client_gone_mid_body_is_a_quiet_end_not_an_error() -> None:
     async def send(message: Message) -> None:
         sent.append(message)
 
-    config = parse_config(CONFIG, "c.yaml")
+    config = parse_config("server: {passthrough: [/v1/embeddings]}\n" + CONFIG, "c.yaml")
     app = create_app(config, engine=FakeEngine({"kind": "chat"}), transport=httpx.AsyncHTTPTransport())
     inner_called = []
 
@@ -142,7 +143,7 @@ async def test_a_client_gone_mid_body_is_a_quiet_end_not_an_error() -> None:
 
 
 async def test_a_body_over_the_limit_gets_one_413_everywhere() -> None:
-    config = parse_config("server: {max_body_bytes: 1024}\n" + CONFIG, "c.yaml")
+    config = parse_config("server: {max_body_bytes: 1024, passthrough: [/v1/embeddings]}\n" + CONFIG, "c.yaml")
     app = create_app(config, engine=FakeEngine({"kind": "chat"}), transport=httpx.AsyncHTTPTransport())
 
     async def inner(scope: Scope, receive: Receive, send: Send) -> None:

@@ -49,13 +49,17 @@ def test_without_a_user_turn_the_last_message_is_read() -> None:
     assert state([{"role": "system", "content": "only a system prompt"}]).state == "only a system prompt"
 
 
-def test_null_content_and_other_parts() -> None:
+def test_null_content_and_parts_the_router_cannot_read() -> None:
     messages = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
         {"role": "user", "content": [{"type": "input_audio", "input_audio": {}}, {"type": "text", "text": "again"}]},
     ]
-    assert state(messages, "conversation").state == "user: hi\n\nassistant: \n\nuser: again"
+    with pytest.raises(BadChatRequest, match=r"^messages\[2\]\.content\[0\] has type 'input_audio', which d3-router"):
+        state(messages, "conversation")
+    lenient = extract_state(messages, StateSettings("conversation", 6000), lenient=True)
+    assert lenient.state == "user: hi\n\nassistant: \n\nuser: again"
+    assert lenient.ignored == 1
 
 
 def test_budget_cuts_the_oldest_text_first() -> None:
@@ -130,7 +134,7 @@ def test_budget_cuts_the_oldest_text_first() -> None:
             ((), ()),
             ("data URLs over the media budget",),
         ),
-        ({"type": "image_url", "image_url": {}}, MediaRules(), ((), ()), ("image_url without a url",)),
+        ({"type": "image_url", "image_url": {}}, MediaRules(), ((), ()), ("image without a url",)),
     ],
 )
 def test_media_rules(
@@ -177,7 +181,7 @@ def test_media_rules(
         ),
         (
             [{"role": "user", "content": [{"type": "text", "text": 3}]}],
-            "messages[0].content[0].text must be a string",
+            "messages[0].content[0].text must be a string, found a number",
             "messages[0].content[0].text",
         ),
     ],

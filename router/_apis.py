@@ -1,0 +1,242 @@
+"""One adapter per client API: what is API-specific about a decided request, and nothing else.
+
+    api = API_BY_PATH["/v1/responses"]
+    state = api.state(body, policy.state, media, lenient=False)    # BadRequest if the body cannot be read
+    payload = api.rewrite(raw, body, "big-model", {"max_tokens": 64})
+    api.error(403, "Refused by policy.", "policy_violation")          # the error body in the API's own shape
+
+An adapter owns the body's shape (its turns, text parts, images, tool calls and results), the model and parameter
+rewrite (`policies.param_path`), the upstream path, the key header and the error body. The proxy, the decision,
+fallbacks, metrics and logs never ask which API they serve. The Anthropic Messages adapter is in `_messages.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from d3backend import json_bytes
+from policies import ApiName, StateSettings, param_path
+from router._http import Headers, error_payload
+from router._state import (
+    DEFAULT_MEDIA,
+    BadRequest,
+    Content,
+    DecisionState,
+    MediaRules,
+    Turn,
+    build_state,
+    kind_of,
+    need_list,
+    need_object,
+    need_str,
+)
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# The part types whose text the decision reads, and the field holding it (OpenAI's chat and Responses parts).
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal",
+              "summary_text": "text", "reasoning_text": "text"}  # fmt: skip
+
+
+class Api:
+    """The Chat Completions API; the other adapters change what differs."""
+
+    name: ClassVar[ApiName] = "chat"
+    path: ClassVar[str] = "/v1/chat/completions"
+    upstream_path: ClassVar[str] = "/chat/completions"
+    key_header: ClassVar[bytes] = b"authorization"
+
+    def state(self, body: Mapping[str, Any], settings: StateSettings, media: MediaRules, *, lenient: bool = False
+              ) -> DecisionState:  # fmt: skip
+        content = Content(lenient=lenient)
+        return build_state(self.turns(body, content), settings, media, content.ignored)
+
+    def turns(self, body: Mapping[str, Any], content: Content) -> list[Turn]:
+        messages = body.get("messages")
+        if messages is None:
+            raise BadRequest("`messages` is missing; expected a list of chat messages", "messages")
+        if not isinstance(messages, list):
+            raise BadRequest(f"`messages` must be a list, found {kind_of(messages)}", "messages")
+        if not messages:
+            raise BadRequest("`messages` is empty; expected at least one message", "messages")
+        turns = []
+        for index, message in enumerate(messages):
+            where = f"messages[{index}]"
+            if not isinstance(message, dict):
+                raise BadRequest(f"{where} must be an object with `role` and `content`, found {kind_of(message)}",
+                                 where)  # fmt: skip
+            role = message.get("role")
+            if not isinstance(role, str) or role not in CHAT_ROLES:
+                raise BadRequest(f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}", f"{where}.role")
+            text, media = parts(message.get("content"), f"{where}.content", content)
+            calls = _tool_calls(message, where)
+            if calls:
+                text = "\n".join(filter(None, [text, *calls]))
+            turns.append(Turn("tool" if role == "function" else role, text, media))
+        return turns
+
+    def error(self, status: int, message: str, type_: str, code: str | int | None = None, param: str | None = None
+              ) -> bytes:  # fmt: skip
+        return error_payload(message, type_, code, param)
+
+    def key_headers(self, key: str) -> Headers:
+        return [(b"authorization", f"Bearer {key}".encode("latin-1", "replace"))]
+
+    def rewrite(self, raw: bytes, body: Mapping[str, Any], model: str | None, params: Mapping[str, Any]) -> bytes:
+        """The client's bytes unless the route rewrites the model or a rule sets parameters (named as in chat)."""
+        if not params and (model is None or body.get("model") == model):
+            return raw
+        changed = dict(body)
+        for name, value in params.items():
+            path = param_path(self.name, name)
+            if path is None:  # `d3router check` refuses such a policy; a library user gets the same guarantee
+                continue
+            if len(path) == 1:
+                changed[path[0]] = value
+            else:
+                holder = changed.get(path[0])
+                changed[path[0]] = {**(holder if isinstance(holder, dict) else {}), path[1]: value}
+        if model is not None:
+            changed["model"] = model
+        return json_bytes(changed)
+
+
+class Completions(Api):
+    """The legacy Completions API: `prompt` is a string or a list of strings (token ids cannot be read)."""
+
+    name = "completions"
+    path = "/v1/completions"
+    upstream_path = "/completions"
+
+    def turns(self, body: Mapping[str, Any], content: Content) -> list[Turn]:
+        prompt = body.get("prompt")
+        if prompt is None:
+            raise BadRequest("`prompt` is missing; expected a string or a list of strings", "prompt")
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, list):
+            raise BadRequest(f"`prompt` must be a string or a list of strings, found {kind_of(prompt)}", "prompt")
+        texts = []
+        for index, item in enumerate(prompts):
+            if isinstance(item, str):
+                texts.append(item)
+            elif isinstance(item, int | list) and not isinstance(item, bool):
+                content.unreadable("token ids", "prompt" if isinstance(item, int) else f"prompt[{index}]")
+            else:
+                raise BadRequest(f"prompt[{index}] must be a string, found {kind_of(item)}", f"prompt[{index}]")
+        suffix = body.get("suffix")
+        if suffix is not None:
+            texts.append(need_str(suffix, "suffix"))
+        return [Turn("user", "\n\n".join(texts))]
+
+
+class Responses(Api):
+    """The Responses API: `instructions`, and `input` as a string or a list of items."""
+
+    name = "responses"
+    path = "/v1/responses"
+    upstream_path = "/responses"
+
+    def turns(self, body: Mapping[str, Any], content: Content) -> list[Turn]:
+        turns = []
+        instructions = body.get("instructions")
+        if instructions is not None:
+            turns.append(Turn("system", need_str(instructions, "instructions")))
+        items = body.get("input")
+        if items is None:
+            raise BadRequest("`input` is missing; expected a string or a list of input items", "input")
+        if isinstance(items, str):
+            return [*turns, Turn("user", items)]
+        need_list(items, "input", "a string or a list of input items")
+        for index, item in enumerate(items):
+            where = f"input[{index}]"
+            need_object(item, where, "an input item (an object)")
+            kind = item.get("type", "message")
+            if kind == "message":
+                role = item.get("role")
+                if role not in ("user", "assistant", "system", "developer"):
+                    raise BadRequest(f"{where}.role must be one of assistant, developer, system, user", f"{where}.role")
+                text, media = parts(item.get("content"), f"{where}.content", content)
+                turns.append(Turn(role, text, media))
+            elif kind in ("function_call", "custom_tool_call"):
+                name = need_str(item.get("name"), f"{where}.name")
+                field = "arguments" if kind == "function_call" else "input"
+                turns.append(
+                    Turn("assistant", f"[tool call] {name}({need_str(item.get(field, ''), f'{where}.{field}')})")
+                )
+            elif kind in ("function_call_output", "custom_tool_call_output"):
+                text, media = parts(item.get("output"), f"{where}.output", content)
+                turns.append(Turn("tool", text, media))
+            elif kind == "reasoning":
+                summary = item.get("summary") or []
+                text, _ = parts(need_list(summary, f"{where}.summary", "a list"), f"{where}.summary", content)
+                turns.append(Turn("assistant", text))
+            elif isinstance(kind, str):
+                content.unreadable(kind, where)
+            else:
+                raise BadRequest(f"{where}.type must be a string", f"{where}.type")
+        if not turns:
+            raise BadRequest("`input` is empty; expected at least one item", "input")
+        return turns
+
+
+def parts(value: Any, where: str, content: Content) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """An OpenAI content value (a string or a list of parts) as its text and its media."""
+    if value is None:
+        return "", ()
+    if isinstance(value, str):
+        return value, ()
+    if not isinstance(value, list):
+        raise BadRequest(f"{where} must be a string or a list of content parts, found {kind_of(value)}", where)
+    texts: list[str] = []
+    media: list[tuple[str, str]] = []
+    for index, part in enumerate(value):
+        at = f"{where}[{index}]"
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise BadRequest(f"{at} must be an object with a `type`", at)
+        kind = part["type"]
+        field = TEXT_PARTS.get(kind)
+        if field is not None:
+            texts.append(need_str(part.get(field), f"{at}.{field}"))
+        elif kind in ("image_url", "video_url"):
+            holder = part.get(kind)
+            url = holder.get("url") if isinstance(holder, dict) else holder
+            media.append((kind.removesuffix("_url"), url if isinstance(url, str) else ""))
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            media.append(("image", part["image_url"]))
+        else:  # audio, files, images by file id, and types this router does not know
+            content.unreadable(kind, at)
+    return "\n".join(texts), tuple(media)
+
+
+def _tool_calls(message: Mapping[str, Any], where: str) -> list[str]:
+    """An assistant message's tool calls as text lines: `[tool call] name(arguments)`."""
+    calls = message.get("tool_calls")
+    legacy = message.get("function_call")
+    found = []
+    # The assistant's own calls, rendered where well-formed: the upstream judges their shape.
+    for call in need_list(calls, f"{where}.tool_calls", "a list") if calls is not None else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            found.append(_call_text(function))
+    if isinstance(legacy, dict):
+        found.append(_call_text(legacy))
+    return found
+
+
+def _call_text(function: Mapping[str, Any]) -> str:
+    arguments = function.get("arguments", "")
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    return f"[tool call] {function.get('name')}({text})"
+
+
+CHAT = Api()
+COMPLETIONS = Completions()
+RESPONSES = Responses()
+
+
+def extract_state(
+    messages: Any, settings: StateSettings, media: MediaRules = DEFAULT_MEDIA, *, lenient: bool = False
+) -> DecisionState:
+    """The decision state of chat `messages` (the Chat Completions adapter's reading); `BadRequest` if unreadable."""
+    return CHAT.state({"messages": messages}, settings, media, lenient=lenient)

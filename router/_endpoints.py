@@ -1,0 +1,84 @@
+"""The decided endpoints, and reading a decided request's body the same way in the proxy and the middleware.
+
+api = API_BY_PATH.get(scope["path"])                  # None: not a decided endpoint
+raw, body = await read_request(scope, receive, limit)  # BadRequest (400/413/415) in words the client can use
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.types import Receive, Scope
+
+from router._anthropic import MESSAGES
+from router._apis import CHAT, COMPLETIONS, RESPONSES, Api
+from router._http import BodyTooLarge, read_body
+from router._state import BadRequest
+
+APIS: tuple[Api, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
+API_BY_PATH: dict[str, Api] = {api.path: api for api in APIS}
+API_BY_NAME: dict[str, Api] = {api.name: api for api in APIS}
+
+
+def detect(body: dict[str, Any], name: str | None = None) -> Api:
+    """The API a body is written for (explain's dry runs): `name` when given, else by its fields: `input` is the
+    Responses API, `prompt` Completions, a top-level `system` Anthropic Messages, anything else chat."""
+    if name is not None:
+        api = API_BY_NAME.get(name)
+        if api is None:
+            raise BadRequest(f"unknown api {name!r}; expected one of {', '.join(API_BY_NAME)}", "api")
+        return api
+    if "input" in body:
+        return RESPONSES
+    if "prompt" in body:
+        return COMPLETIONS
+    if "system" in body:
+        return MESSAGES
+    return CHAT
+
+
+class DuplicateKey(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A key given twice is read last-wins here and may be read first-wins by the upstream or the app: the policy
+    # would have judged another request than the one served. Refused (issue 16); costs ~0.2 us per JSON object.
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise DuplicateKey(key)
+    return obj
+
+
+async def read_request(scope: Scope, receive: Receive, limit: int) -> tuple[bytes, dict[str, Any]]:
+    """The body of a decided request, as bytes and as a JSON object; `BadRequest` with the status to answer
+    (413 over `limit`, 415 for another content type, 400 for anything but one JSON object with unique keys).
+    `ClientDisconnected` passes through."""
+    try:
+        raw = await read_body(receive, limit)
+    except BodyTooLarge as exc:
+        raise BadRequest(str(exc), status=413) from None
+    content_type = "application/json"
+    for key, value in scope["headers"]:
+        if key == b"content-type":
+            content_type = value.decode("latin-1").split(";")[0].strip().lower()
+            break
+    if content_type != "application/json":
+        raise BadRequest(f"expected content-type application/json, found {content_type!r}", status=415)
+    return raw, parse_json(raw)
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw, object_pairs_hook=_unique)
+    except DuplicateKey as exc:
+        raise BadRequest(f"the request body gives the key {exc.args[0]!r} twice; send each key once") from None
+    except (ValueError, RecursionError) as exc:
+        reason = "invalid UTF-8" if isinstance(exc, UnicodeDecodeError) else "invalid JSON"
+        raise BadRequest(f"the request body is not a JSON object: {reason}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
