@@ -32,7 +32,7 @@ class Messages(Api):
         turns = []
         system = body.get("system")
         if system is not None:
-            text, _ = self.blocks(system, "system", content, role="system")[0]
+            _, (text, _) = self.blocks(system, "system", content, role="system")[0]
             turns.append(Turn("system", text))
         messages = body.get("messages")
         if messages is None:

@@ -164,6 +164,12 @@ class ProxyApp:
         self.ready, self.ready_error = True, None
         return True
 
+    async def __aenter__(self) -> ProxyApp:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     async def aclose(self) -> None:
         """Close what the app opened; safe to call again."""
         if self._closed:
