@@ -26,11 +26,11 @@ from urllib.parse import parse_qs
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from d3backend import CachedEngine, DecisionEngine, EmbeddedEngine, EngineError, json_bytes
+from d3backend import CachedEngine, DecisionEngine, EngineError, json_bytes
 from policies import API_TITLES, Block, Config, ConfigError, load_config
 from router._apis import CHAT, Api
 from router._endpoints import APIS, detect, read_request
-from router._engines import Environ, build_engine
+from router._engines import Environ, build_engine, start_engine
 from router._forward import Failure, Forwarder, allowed, retry_after, unsafe_path
 from router._http import (
     BodyTooLarge,
@@ -126,11 +126,8 @@ class ProxyApp:
     async def startup(self) -> None:
         """Open the decision log, start and probe the engine, run the `on_startup` hooks."""
         self._open_decision_log()
-        engine = self.service.engine
-        if engine is not None:
-            inner = engine.engine if isinstance(engine, CachedEngine) else engine
-            if isinstance(inner, EmbeddedEngine):
-                await inner.start()
+        if self.service.engine is not None:
+            await start_engine(self.service.engine)
             await self.check_engine()
         self._background = [hook() for hook in self.on_startup]
 

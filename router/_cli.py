@@ -2,6 +2,7 @@
 
 d3router check FILE      validate a configuration and print a short summary   (exit 0, or 2 if invalid)
 d3router test FILE...    run the policy test cases in the files               (exit 0; 1 if any fail; 2 if invalid)
+d3router explain FILE BODY   decide one request body as the router would (no upstream called), print JSON
 d3router schema          print the configuration's JSON Schema, for editors
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import TextIO
@@ -25,7 +27,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_INVALID
-    code: int = args.run(args, sys.stdout, sys.stderr)
+    try:
+        code: int = args.run(args, sys.stdout, sys.stderr)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `d3router ... | head`: the reader left; stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush must not fail
+        return EXIT_FAILED
     return code
 
 
@@ -45,6 +52,14 @@ def _parser() -> argparse.ArgumentParser:
     test = commands.add_parser("test", help="run the policy test cases of configuration files")
     test.add_argument("files", nargs="+", metavar="FILE")
     test.set_defaults(run=_test)
+    explain = commands.add_parser("explain", help="decide a request body as the router would, calling no upstream")
+    explain.add_argument("file")
+    explain.add_argument("body", help="a JSON request body of any decided API, or - for standard input")
+    explain.add_argument(
+        "--api", choices=["chat", "completions", "responses", "messages"],
+        help="the body's API (default: guessed from its fields, as POST /v1/d3/explain does)",
+    )  # fmt: skip
+    explain.set_defaults(run=_explain)
     schema = commands.add_parser("schema", help="print the configuration file's JSON Schema")
     schema.set_defaults(run=_schema)
     make = commands.add_parser("make-model", help="build the tiny local model for tests and offline demos")
@@ -138,6 +153,49 @@ def _test(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if invalid:
         return EXIT_INVALID
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """`POST /v1/d3/explain`'s twin: the state, answers and rule trace for one body, with the configured engine."""
+    config = _load(args.file, err)
+    if config is None:
+        return EXIT_INVALID
+    import asyncio
+    from pathlib import Path
+
+    from router._endpoints import detect, parse_json
+    from router._engines import build_engine, start_engine
+    from router._service import RouterService
+    from router._state import BadRequest
+
+    try:
+        raw = sys.stdin.buffer.read() if args.body == "-" else Path(args.body).read_bytes()
+        body = parse_json(raw)
+        api = detect(body, args.api)
+    except OSError as exc:
+        print(f"error: cannot read {args.body}: {exc.strerror or exc}", file=err)
+        return EXIT_INVALID
+    except BadRequest as exc:
+        print(f"error: {args.body}: {exc.message}", file=err)
+        return EXIT_INVALID
+
+    async def run() -> dict[str, object]:
+        needs = any(policy.questions for policy in config.policies.values())
+        engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=os.environ) if needs else None
+        try:
+            await start_engine(engine)
+            return await RouterService(config, engine).explain(body, api)
+        finally:
+            if engine is not None:
+                await engine.aclose()
+
+    try:
+        payload = asyncio.run(run())
+    except BadRequest as exc:
+        print(f"error: {args.body}: {exc.message}", file=err)
+        return EXIT_FAILED
+    print(json.dumps(payload, indent=2, ensure_ascii=False), file=out)
+    return EXIT_OK
 
 
 def _schema(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -37,3 +37,10 @@ def build_engine(settings: EngineSettings, *, base_dir: Path, environ: Environ) 
     if settings.cache.max_entries:
         engine = CachedEngine(engine, max_entries=settings.cache.max_entries, ttl_s=settings.cache.ttl_s)
     return engine
+
+
+async def start_engine(engine: DecisionEngine | None) -> None:
+    """Start what needs starting: an embedded engine, behind the cache or not (a remote one is always ready)."""
+    inner = engine.engine if isinstance(engine, CachedEngine) else engine
+    if isinstance(inner, EmbeddedEngine):
+        await inner.start()
