@@ -4,8 +4,10 @@
 
 Equal decisions (same model, state, questions and media) within the TTL are answered from memory; equal
 decisions *in flight* share one engine call. The key is a BLAKE2 digest, so the cache holds no request text.
-Errors are never cached. A caller that goes away (a client disconnect cancels it) does not cancel the shared call,
-which still fills the cache for the others.
+Errors are never cached: a failed or timed-out call releases every caller waiting on it with its error, and the
+next request for that key starts a new call. A caller that goes away (a client disconnect cancels it) does not
+cancel the shared call, which still fills the cache for the others. `timeout_s` bounds the shared call for an
+inner engine without a timeout of its own (`RemoteEngine` and `EmbeddedEngine` have theirs).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 from cachetools import TTLCache
 
+from d3backend._errors import EngineTimeout
 from d3backend._protocol import Closing, DecisionEngine
 from d3backend._types import Decided, Question
 from d3backend._wire import JSONValue, json_bytes
@@ -43,9 +46,13 @@ class CachedEngine(Closing):
         ttl_s: float = 600.0,
         owns_engine: bool = True,
         timer: Callable[[], float] = time.monotonic,
+        timeout_s: float | None = None,
     ) -> None:
         if max_entries < 1:
             raise ValueError("a cache needs max_entries >= 1; use the engine itself for no cache")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds or None; found {timeout_s!r}")
+        self._timeout_s = timeout_s
         self.engine = engine
         self._owns_engine = owns_engine
         self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
@@ -79,6 +86,7 @@ class CachedEngine(Closing):
         if task is None:
             self._misses += 1
             task = asyncio.ensure_future(self._fill(key, state, questions, images, videos))
+            task.add_done_callback(_retrieve)
             self._in_flight[key] = task
         else:
             self._shared += 1
@@ -105,10 +113,18 @@ class CachedEngine(Closing):
         videos: Sequence[str],
     ) -> Decided:
         try:
-            decided = await self.engine.decide(state, questions, images=images, videos=videos)
+            if self._timeout_s is None:
+                decided = await self.engine.decide(state, questions, images=images, videos=videos)
+            else:
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        decided = await self.engine.decide(state, questions, images=images, videos=videos)
+                except TimeoutError:
+                    raise EngineTimeout(f"the decision engine did not answer within {self._timeout_s:g} s") from None
             self._cache[key] = decided
             return decided
         finally:
+            # Whatever the outcome, the key is free for the next request: a failed call is never waited on again.
             del self._in_flight[key]
 
     async def probe(self) -> Decided | None:
@@ -120,11 +136,20 @@ class CachedEngine(Closing):
         return result
 
     async def aclose(self) -> None:
-        for task in list(self._in_flight.values()):
+        tasks = list(self._in_flight.values())
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # ended, not left pending past the close
         self._cache.clear()
         if self._owns_engine:
             await self.engine.aclose()
+
+
+def _retrieve(task: asyncio.Task[Decided]) -> None:
+    """Mark a shared call's error as seen: when every caller left before it failed, asyncio would otherwise log
+    "Task exception was never retrieved" for an error the next request simply meets again."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _questions_blob(questions: Mapping[str, Question]) -> bytes:
