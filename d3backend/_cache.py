@@ -3,7 +3,8 @@
     engine = CachedEngine(RemoteEngine(["http://d3:8000"]), max_entries=10_000, ttl_s=600)
 
 Equal decisions (same model, state, questions and media) within the TTL are answered from memory; equal
-decisions *in flight* share one engine call. The key is a BLAKE2 digest, so the cache holds no request text.
+decisions *in flight* share one engine call. The key is a BLAKE2 digest of the decision's content (never of an
+object's identity), so the cache holds no request text.
 Errors are never cached: a failed or timed-out call releases every caller waiting on it with its error, and the
 next request for that key starts a new call. A caller that goes away (a client disconnect cancels it) does not
 cancel the shared call, which still fills the cache for the others. `timeout_s` bounds the shared call for an
@@ -24,7 +25,7 @@ from cachetools import TTLCache
 from d3backend._errors import EngineTimeout
 from d3backend._protocol import Closing, DecisionEngine
 from d3backend._types import Decided, Question
-from d3backend._wire import JSONValue, json_bytes
+from d3backend._wire import JSONValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,10 @@ class CachedEngine(Closing):
         self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
         self._in_flight: dict[bytes, asyncio.Task[Decided]] = {}
         self._hits = self._misses = self._shared = 0
-        self._blobs: dict[int, tuple[Mapping[str, Question], bytes]] = {}
+        # The questions' part of the key, per mapping: policies ask the same mapping on every request. An entry is
+        # used only while the mapping holds equal items (issue 19.11): identical ones, the common case, compare
+        # at the cost of a tuple.
+        self._parts: dict[int, tuple[Mapping[str, Question], tuple[tuple[str, Question], ...], bytes]] = {}
 
     @property
     def model(self) -> str | None:
@@ -77,7 +81,7 @@ class CachedEngine(Closing):
         videos: Sequence[str] = (),
     ) -> Decided:
         start = time.perf_counter()
-        key = cache_key(self.model, state, questions, images, videos, questions_blob=self._questions_blob(questions))
+        key = _key(self.model, state, self._questions_part(questions), images, videos)
         found = self._cache.get(key)
         if found is not None:
             self._hits += 1
@@ -93,16 +97,16 @@ class CachedEngine(Closing):
         # shield: a cancelled caller must not cancel the call others wait for.
         return await asyncio.shield(task)
 
-    def _questions_blob(self, questions: Mapping[str, Question]) -> bytes:
-        """The questions' serialized form, kept per mapping: policies ask the same mapping on every request."""
-        entry = self._blobs.get(id(questions))
-        if entry is not None and entry[0] is questions:
-            return entry[1]
-        if len(self._blobs) >= 1024:
-            self._blobs.clear()
-        blob = _questions_blob(questions)
-        self._blobs[id(questions)] = (questions, blob)
-        return blob
+    def _questions_part(self, questions: Mapping[str, Question]) -> bytes:
+        items = tuple(questions.items())
+        entry = self._parts.get(id(questions))
+        if entry is not None and entry[0] is questions and entry[1] == items:
+            return entry[2]
+        if len(self._parts) >= 1024:
+            self._parts.clear()
+        part = _questions_part(items)
+        self._parts[id(questions)] = (questions, items, part)
+        return part
 
     async def _fill(
         self,
@@ -152,29 +156,54 @@ def _retrieve(task: asyncio.Task[Decided]) -> None:
         task.exception()
 
 
-def _questions_blob(questions: Mapping[str, Question]) -> bytes:
-    return json_bytes([(qid, q.to_wire()) for qid, q in questions.items()])
-
-
 def cache_key(
     model: str | None,
     state: JSONValue,
     questions: Mapping[str, Question],
     images: Sequence[str] = (),
     videos: Sequence[str] = (),
-    *,
-    questions_blob: bytes | None = None,
 ) -> bytes:
-    """A stable digest of everything that decides the answers (`questions_blob` may carry the questions' part)."""
+    """A stable digest of everything that decides the answers.
+
+    Every part is length-prefixed (or of fixed length), so the encoding is injective: no URL, model name or state
+    can contain a separator that makes two different decisions look alike (issue 19.13). The questions enter by
+    their content digest, computed once when each question is built (issue 19.11), and in their order."""
+    return _key(model, state, _questions_part(tuple(questions.items())), images, videos)
+
+
+def _questions_part(items: Sequence[tuple[str, Question]]) -> bytes:
+    parts = [b"q%d:" % len(items)]
+    for qid, question in items:
+        name = qid.encode("utf-8", "surrogatepass")
+        parts += (b"%d:" % len(name), name, question.digest)  # the digest is 16 bytes
+    return b"".join(parts)
+
+
+def _key(
+    model: str | None, state: JSONValue, questions_part: bytes, images: Sequence[str], videos: Sequence[str]
+) -> bytes:
     digest = hashlib.blake2b(digest_size=16)
-    digest.update((model or "").encode())
-    digest.update(b"\0s" if isinstance(state, str) else b"\0j")
-    text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, sort_keys=True)
-    digest.update(text.encode("utf-8", "surrogatepass"))
-    digest.update(b"\0q")
-    digest.update(questions_blob if questions_blob is not None else _questions_blob(questions))
-    for tag, media in ((b"\0i", images), (b"\0v", videos)):
+    update = digest.update
+    if model is None:
+        update(b"-")
+    else:
+        name = model.encode("utf-8", "surrogatepass")
+        update(b"m%d:%s" % (len(name), name))
+    if isinstance(state, str):
+        data = state.encode("utf-8", "surrogatepass")
+        update(b"s%d:" % len(data))
+    else:
+        data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass")
+        update(b"j%d:" % len(data))
+    update(data)
+    update(questions_part)
+    if not images and not videos:  # the common case, without formatting
+        update(b"i0:v0:")
+        return digest.digest()
+    for tag, media in ((b"i", images), (b"v", videos)):
+        update(b"%s%d:" % (tag, len(media)))
         for item in media:
-            digest.update(tag)
-            digest.update(item.encode("utf-8", "surrogatepass"))
+            data = item.encode("utf-8", "surrogatepass")
+            update(b"%d:" % len(data))
+            update(data)
     return digest.digest()
