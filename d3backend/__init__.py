@@ -12,6 +12,7 @@ from d3backend._answers import answer_from
 from d3backend._cache import CachedEngine, CacheStats, cache_key
 from d3backend._embedded import EmbeddedEngine
 from d3backend._errors import (
+    EngineBadAnswer,
     EngineBadResponse,
     EngineError,
     EngineRejected,
@@ -57,6 +58,7 @@ __all__ = [
     "Decided",
     "DecisionEngine",
     "EmbeddedEngine",
+    "EngineBadAnswer",
     "EngineBadResponse",
     "EngineError",
     "EngineRejected",

@@ -3,9 +3,12 @@
     engine = CachedEngine(RemoteEngine(["http://d3:8000"]), max_entries=10_000, ttl_s=600)
 
 Equal decisions (same model, state, questions and media) within the TTL are answered from memory; equal
-decisions *in flight* share one engine call. The key is a BLAKE2 digest, so the cache holds no request text.
-Errors are never cached. A caller that goes away (a client disconnect cancels it) does not cancel the shared call,
-which still fills the cache for the others.
+decisions *in flight* share one engine call. The key is a BLAKE2 digest of the decision's content (never of an
+object's identity), so the cache holds no request text.
+Errors are never cached: a failed or timed-out call releases every caller waiting on it with its error, and the
+next request for that key starts a new call. A caller that goes away (a client disconnect cancels it) does not
+cancel the shared call, which still fills the cache for the others. `timeout_s` bounds the shared call for an
+inner engine without a timeout of its own (`RemoteEngine` and `EmbeddedEngine` have theirs).
 """
 
 from __future__ import annotations
@@ -19,9 +22,10 @@ from dataclasses import dataclass
 
 from cachetools import TTLCache
 
+from d3backend._errors import EngineTimeout
 from d3backend._protocol import Closing, DecisionEngine
 from d3backend._types import Decided, Question
-from d3backend._wire import JSONValue, json_bytes
+from d3backend._wire import JSONValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,15 +47,22 @@ class CachedEngine(Closing):
         ttl_s: float = 600.0,
         owns_engine: bool = True,
         timer: Callable[[], float] = time.monotonic,
+        timeout_s: float | None = None,
     ) -> None:
         if max_entries < 1:
             raise ValueError("a cache needs max_entries >= 1; use the engine itself for no cache")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds or None; found {timeout_s!r}")
+        self._timeout_s = timeout_s
         self.engine = engine
         self._owns_engine = owns_engine
         self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
         self._in_flight: dict[bytes, asyncio.Task[Decided]] = {}
         self._hits = self._misses = self._shared = 0
-        self._blobs: dict[int, tuple[Mapping[str, Question], bytes]] = {}
+        # The questions' part of the key, per mapping: policies ask the same mapping on every request. An entry is
+        # used only while the mapping holds equal items (issue 19.11): identical ones, the common case, compare
+        # at the cost of a tuple.
+        self._parts: dict[int, tuple[Mapping[str, Question], tuple[tuple[str, Question], ...], bytes]] = {}
 
     @property
     def model(self) -> str | None:
@@ -70,7 +81,7 @@ class CachedEngine(Closing):
         videos: Sequence[str] = (),
     ) -> Decided:
         start = time.perf_counter()
-        key = cache_key(self.model, state, questions, images, videos, questions_blob=self._questions_blob(questions))
+        key = _key(self.model, state, self._questions_part(questions), images, videos)
         found = self._cache.get(key)
         if found is not None:
             self._hits += 1
@@ -79,22 +90,23 @@ class CachedEngine(Closing):
         if task is None:
             self._misses += 1
             task = asyncio.ensure_future(self._fill(key, state, questions, images, videos))
+            task.add_done_callback(_retrieve)
             self._in_flight[key] = task
         else:
             self._shared += 1
         # shield: a cancelled caller must not cancel the call others wait for.
         return await asyncio.shield(task)
 
-    def _questions_blob(self, questions: Mapping[str, Question]) -> bytes:
-        """The questions' serialized form, kept per mapping: policies ask the same mapping on every request."""
-        entry = self._blobs.get(id(questions))
-        if entry is not None and entry[0] is questions:
-            return entry[1]
-        if len(self._blobs) >= 1024:
-            self._blobs.clear()
-        blob = _questions_blob(questions)
-        self._blobs[id(questions)] = (questions, blob)
-        return blob
+    def _questions_part(self, questions: Mapping[str, Question]) -> bytes:
+        items = tuple(questions.items())
+        entry = self._parts.get(id(questions))
+        if entry is not None and entry[0] is questions and entry[1] == items:
+            return entry[2]
+        if len(self._parts) >= 1024:
+            self._parts.clear()
+        part = _questions_part(items)
+        self._parts[id(questions)] = (questions, items, part)
+        return part
 
     async def _fill(
         self,
@@ -105,10 +117,18 @@ class CachedEngine(Closing):
         videos: Sequence[str],
     ) -> Decided:
         try:
-            decided = await self.engine.decide(state, questions, images=images, videos=videos)
+            if self._timeout_s is None:
+                decided = await self.engine.decide(state, questions, images=images, videos=videos)
+            else:
+                try:
+                    async with asyncio.timeout(self._timeout_s):
+                        decided = await self.engine.decide(state, questions, images=images, videos=videos)
+                except TimeoutError:
+                    raise EngineTimeout(f"the decision engine did not answer within {self._timeout_s:g} s") from None
             self._cache[key] = decided
             return decided
         finally:
+            # Whatever the outcome, the key is free for the next request: a failed call is never waited on again.
             del self._in_flight[key]
 
     async def probe(self) -> Decided | None:
@@ -120,15 +140,20 @@ class CachedEngine(Closing):
         return result
 
     async def aclose(self) -> None:
-        for task in list(self._in_flight.values()):
+        tasks = list(self._in_flight.values())
+        for task in tasks:
             task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # ended, not left pending past the close
         self._cache.clear()
         if self._owns_engine:
             await self.engine.aclose()
 
 
-def _questions_blob(questions: Mapping[str, Question]) -> bytes:
-    return json_bytes([(qid, q.to_wire()) for qid, q in questions.items()])
+def _retrieve(task: asyncio.Task[Decided]) -> None:
+    """Mark a shared call's error as seen: when every caller left before it failed, asyncio would otherwise log
+    "Task exception was never retrieved" for an error the next request simply meets again."""
+    if not task.cancelled():
+        task.exception()
 
 
 def cache_key(
@@ -137,19 +162,48 @@ def cache_key(
     questions: Mapping[str, Question],
     images: Sequence[str] = (),
     videos: Sequence[str] = (),
-    *,
-    questions_blob: bytes | None = None,
 ) -> bytes:
-    """A stable digest of everything that decides the answers (`questions_blob` may carry the questions' part)."""
+    """A stable digest of everything that decides the answers.
+
+    Every part is length-prefixed (or of fixed length), so the encoding is injective: no URL, model name or state
+    can contain a separator that makes two different decisions look alike (issue 19.13). The questions enter by
+    their content digest, computed once when each question is built (issue 19.11), and in their order."""
+    return _key(model, state, _questions_part(tuple(questions.items())), images, videos)
+
+
+def _questions_part(items: Sequence[tuple[str, Question]]) -> bytes:
+    parts = [b"q%d:" % len(items)]
+    for qid, question in items:
+        name = qid.encode("utf-8", "surrogatepass")
+        parts += (b"%d:" % len(name), name, question.digest)  # the digest is 16 bytes
+    return b"".join(parts)
+
+
+def _key(
+    model: str | None, state: JSONValue, questions_part: bytes, images: Sequence[str], videos: Sequence[str]
+) -> bytes:
     digest = hashlib.blake2b(digest_size=16)
-    digest.update((model or "").encode())
-    digest.update(b"\0s" if isinstance(state, str) else b"\0j")
-    text = state if isinstance(state, str) else json.dumps(state, ensure_ascii=False, sort_keys=True)
-    digest.update(text.encode("utf-8", "surrogatepass"))
-    digest.update(b"\0q")
-    digest.update(questions_blob if questions_blob is not None else _questions_blob(questions))
-    for tag, media in ((b"\0i", images), (b"\0v", videos)):
+    update = digest.update
+    if model is None:
+        update(b"-")
+    else:
+        name = model.encode("utf-8", "surrogatepass")
+        update(b"m%d:%s" % (len(name), name))
+    if isinstance(state, str):
+        data = state.encode("utf-8", "surrogatepass")
+        update(b"s%d:" % len(data))
+    else:
+        data = json.dumps(state, ensure_ascii=False, sort_keys=True).encode("utf-8", "surrogatepass")
+        update(b"j%d:" % len(data))
+    update(data)
+    update(questions_part)
+    if not images and not videos:  # the common case, without formatting
+        update(b"i0:v0:")
+        return digest.digest()
+    for tag, media in ((b"i", images), (b"v", videos)):
+        update(b"%s%d:" % (tag, len(media)))
         for item in media:
-            digest.update(tag)
-            digest.update(item.encode("utf-8", "surrogatepass"))
+            data = item.encode("utf-8", "surrogatepass")
+            update(b"%d:" % len(data))
+            update(data)
     return digest.digest()

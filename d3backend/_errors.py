@@ -5,8 +5,11 @@
      ├── EngineTimeout        the engine did not answer in time
      ├── EngineRejected       the engine refused the request (4xx, or 501): `status` and its `message`
      └── EngineBadResponse    the engine answered 200 with something that is not a valid decision
+          └── EngineBadAnswer  one question's answer breaks the contract: missing, mistyped, or a confidence or
+                               probability that is missing, not finite, or outside 0..1 (`question`, `field`)
 
-Callers that only need "the engine could not decide" catch `EngineError`.
+Callers that only need "the engine could not decide" catch `EngineError`. The router counts failures by class
+name (`d3router_engine_errors_total{kind="EngineBadAnswer"}`), so each class is a reason.
 """
 
 from __future__ import annotations
@@ -35,3 +38,14 @@ class EngineRejected(EngineError):
 
 class EngineBadResponse(EngineError):
     """The engine's 200 answer is not a valid decision for the questions asked."""
+
+
+class EngineBadAnswer(EngineBadResponse):
+    """One question's answer breaks the `/v1/systemone` contract; `question` and `field` (e.g. `confidence`,
+    `probabilities.code`, empty for the whole answer) say where. Never read as a default value: a guard must not
+    pass a request because its answer was unreadable (issue 19.9)."""
+
+    def __init__(self, question: str, field: str, message: str) -> None:
+        self.question = question
+        self.field = field
+        super().__init__(message)

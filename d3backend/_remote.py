@@ -5,8 +5,9 @@
         decided.answers["kind"].choice
 
 Calls go to the healthy URL with the fewest requests in flight. A connection error, a timeout, a 5xx or a 429 is
-retried once on another URL. A URL that fails twice in a row is set aside for a backoff that doubles with each
-further failure (1 s up to 30 s by default); the first request after the backoff tries it again.
+retried once on another URL. Each try must answer within `timeout_s`, whatever the transport. A URL that fails
+twice in a row is set aside for a backoff that doubles with each further failure (1 s up to 30 s by default); the
+first request after the backoff tries it again.
 """
 
 from __future__ import annotations
@@ -129,8 +130,12 @@ class RemoteEngine(Closing):
             tried.append(endpoint)
             endpoint.in_flight += 1
             try:
-                status, body = await self._send(method, endpoint.url, path, content)
-            except httpx.TimeoutException:
+                # The deadline is enforced here, not only through httpx's timeouts: a transport may ignore those
+                # (httpx.ASGITransport, the embedded engine's, does), and a hung call would pin the cache's
+                # single-flight entry for its key (issue 19.8). Cancelling the send cancels the transport's work.
+                async with asyncio.timeout(self._timeout_s):
+                    status, body = await self._send(method, endpoint.url, path, content)
+            except (httpx.TimeoutException, TimeoutError):
                 error = EngineTimeout(f"the engine at {endpoint.url} did not answer within {self._timeout_s:g} s")
                 self._failed(endpoint)
                 continue

@@ -13,6 +13,8 @@ they take at most `GENERATIVE_MAX_OPTIONS` options.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
@@ -24,13 +26,25 @@ MIN_SCORE_LEVELS = 2
 MAX_SCORE_LEVELS = 10
 
 
+def _digest(wire: dict[str, Any]) -> bytes:
+    """The question's content as 16 bytes, computed once: the answer cache keys by it (issue 19.11)."""
+    text = json.dumps(wire, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """Pick one option. `options` maps each option name to a description or `None`, in order."""
+    """Pick one option. `options` maps each option name to a description or `None`, in order; the question keeps
+    its own copy, so changing the mapping it was built from afterwards changes nothing."""
 
     instructions: str | None
     options: Mapping[str, str | None]
     type: Literal["choice"] = field(default="choice", init=False)
+    digest: bytes = field(default=b"", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", dict(self.options))
+        object.__setattr__(self, "digest", _digest(self.to_wire()))
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": "choice", "instructions": self.instructions, "criteria": dict(self.options)}
@@ -44,6 +58,10 @@ class Noul:
     yes: str | None = None
     no: str | None = None
     type: Literal["noul"] = field(default="noul", init=False)
+    digest: bytes = field(default=b"", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", _digest(self.to_wire()))
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"type": "noul", "instructions": self.instructions}
@@ -59,6 +77,11 @@ class Score:
     instructions: str | None
     levels: tuple[str, ...]
     type: Literal["score"] = field(default="score", init=False)
+    digest: bytes = field(default=b"", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "levels", tuple(self.levels))
+        object.__setattr__(self, "digest", _digest(self.to_wire()))
 
     def to_wire(self) -> dict[str, Any]:
         return {"type": "score", "instructions": self.instructions, "criteria": list(self.levels)}

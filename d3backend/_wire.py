@@ -9,13 +9,12 @@ ignored, and probabilities that drift from 1.0 by rounding are renormalized).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from d3backend._errors import EngineBadResponse
+from d3backend._errors import EngineBadAnswer, EngineBadResponse
 from d3backend._types import (
     Answer,
     Choice,
@@ -30,6 +29,9 @@ from d3backend._types import (
 JSONValue = Any  # str, number, bool, None, list or dict of them
 # Probabilities may drift this far from summing to 1 (servers that round) before an answer is refused.
 SUM_TOLERANCE = 1e-3
+# A single probability or confidence may exceed 1 by this much: vLLM's confidence is a probability times the
+# labels' summed mass, which float rounding can put a hair above 1. It is then read as 1.
+ROUNDING = 1e-6
 MAX_ERROR_MESSAGE = 500
 
 
@@ -69,7 +71,7 @@ class _Lenient(BaseModel):
 class _WireAnswer(_Lenient):
     type: str
     probabilities: dict[str, float]
-    confidence: float = 0.0
+    confidence: float | None = None  # required by the contract; checked in `_answer` to name the question
 
 
 class _WireUsage(_Lenient):
@@ -95,9 +97,11 @@ def parse_response(raw: bytes, questions: Mapping[str, Question]) -> tuple[dict[
     for qid, question in questions.items():
         got = wire.answers.get(qid)
         if got is None:
-            raise EngineBadResponse(f"the engine did not answer question {qid!r}")
+            raise EngineBadAnswer(qid, "", f"the engine did not answer question {qid!r}")
         if got.type != question.type:
-            raise EngineBadResponse(f"question {qid!r} is a {question.type}, the engine answered a {got.type!r}")
+            raise EngineBadAnswer(
+                qid, "type", f"question {qid!r} is a {question.type}, the engine answered a {got.type!r}"
+            )
         answers[qid] = _answer(qid, question, got)
     return answers, wire.model, Usage(wire.usage.input_tokens, wire.usage.output_tokens)
 
@@ -109,18 +113,33 @@ def _answer(qid: str, question: Question, got: _WireAnswer) -> Answer:
         keys = ["yes", "no"]
     else:
         keys = [str(index) for index in range(len(question.levels))]
+    # Every number is checked, never defaulted: a guard reading a missing or NaN value as 0.0 would let the
+    # request through on an answer nobody gave (issue 19.9).
     if set(got.probabilities) != set(keys):
-        raise EngineBadResponse(
-            f"question {qid!r}: the engine's probabilities are for {sorted(got.probabilities)}, expected {sorted(keys)}"
+        raise EngineBadAnswer(
+            qid,
+            "probabilities",
+            f"question {qid!r}: the engine's probabilities are for {sorted(got.probabilities)},"
+            f" expected {sorted(keys)}",
         )
     values = [got.probabilities[key] for key in keys]
+    for key, p in zip(keys, values, strict=True):
+        if not _unit(p):
+            raise EngineBadAnswer(
+                qid, f"probabilities.{key}", f"question {qid!r}: the engine's probability of {key!r} {_outside(p)}"
+            )
     total = sum(values)
-    if not all(math.isfinite(p) and 0.0 <= p <= 1.0 for p in values):
-        raise EngineBadResponse(f"question {qid!r}: the engine's probabilities are not all between 0 and 1")
     if abs(total - 1.0) > SUM_TOLERANCE:
-        raise EngineBadResponse(f"question {qid!r}: the engine's probabilities add up to {total:g}, not 1")
-    values = [p / total for p in values]
-    confidence = got.confidence if math.isfinite(got.confidence) else 0.0
+        raise EngineBadAnswer(
+            qid, "probabilities", f"question {qid!r}: the engine's probabilities add up to {total:g}, not 1"
+        )
+    values = [p / total for p in values]  # rounding drift within SUM_TOLERANCE (SYSTEMONE.md)
+    confidence = got.confidence
+    if confidence is None:
+        raise EngineBadAnswer(qid, "confidence", f"question {qid!r}: the engine's answer has no confidence")
+    if not _unit(confidence):
+        raise EngineBadAnswer(qid, "confidence", f"question {qid!r}: the engine's confidence {_outside(confidence)}")
+    confidence = min(confidence, 1.0)
     if isinstance(question, Choice):
         probabilities = dict(zip(keys, values, strict=True))
         return ChoiceAnswer(max(keys, key=probabilities.__getitem__), probabilities, confidence)
@@ -128,6 +147,14 @@ def _answer(qid: str, question: Question, got: _WireAnswer) -> Answer:
         return NoulAnswer(values[0], confidence)
     score = sum(index * p for index, p in enumerate(values))
     return ScoreAnswer(score, question.levels, tuple(values), confidence)
+
+
+def _unit(value: float) -> bool:
+    return 0.0 <= value <= 1.0 + ROUNDING  # False for NaN too
+
+
+def _outside(value: float) -> str:
+    return f"is {value!r}; expected a number from 0 to 1"
 
 
 def error_message(status: int, raw: bytes) -> str:

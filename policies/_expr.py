@@ -37,6 +37,7 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
+MAX_EXPRESSION_DEPTH = 64  # nesting of parentheses, `not` and lists; issue 19.7
 _KEYWORDS = {"and", "or", "not", "in", "true", "false"}
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq,
@@ -52,11 +53,11 @@ _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
 class ExpressionError(Exception):
     """A `when` condition that does not parse or does not type-check; `pos` is the fault's offset."""
 
-    def __init__(self, message: str, source: str, pos: int) -> None:
+    def __init__(self, message: str, source: str, pos: int, *, show_source: bool = True) -> None:
         self.message = message
         self.source = source
         self.pos = pos
-        super().__init__(f"{message}\n    {source}\n    {' ' * pos}^")
+        super().__init__(f"{message}\n    {source}\n    {' ' * pos}^" if show_source else message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,20 +88,24 @@ def _constant(kind: str, value: Any, pos: int) -> _Typed:
     return _Typed(kind, fn, pos, value, True)
 
 
-def _either(left: _Fn, right: _Fn) -> _Fn:
-    return lambda answers: left(answers) or right(answers)
+def _any(checks: list[_Fn]) -> _Fn:
+    # One flat closure per chain, however long: a left-nested `or` of 5,000 terms would overflow the stack when
+    # a request is decided (issue 19.7). Two terms, the common case, skip the loop.
+    if len(checks) == 2:
+        left, right = checks
+        return lambda answers: left(answers) or right(answers)
+    return lambda answers: any(check(answers) for check in checks)
 
 
-def _both(left: _Fn, right: _Fn) -> _Fn:
-    return lambda answers: left(answers) and right(answers)
+def _all(checks: list[_Fn]) -> _Fn:
+    if len(checks) == 2:
+        left, right = checks
+        return lambda answers: left(answers) and right(answers)
+    return lambda answers: all(check(answers) for check in checks)
 
 
 def _negate(inner: _Fn) -> _Fn:
     return lambda answers: not inner(answers)
-
-
-def _every(checks: list[_Fn]) -> _Fn:
-    return lambda answers: all(check(answers) for check in checks)
 
 
 def _tokenize(source: str) -> list[_Token]:
@@ -141,6 +146,7 @@ class _Compiler:
         self.questions = questions
         self.tokens = _tokenize(source)
         self.index = 0
+        self.depth = 0
         self.referenced: set[str] = set()
 
     # --- token helpers -------------------------------------------------------------------------------------
@@ -160,6 +166,20 @@ class _Compiler:
     def expect(self, text: str, after: str) -> None:
         if not self.take(text):
             raise self.error(f"expected {text!r} {after}, found {self._describe(self.tok)}")
+
+    def nest(self, pos: int) -> None:
+        """Enter one level of parentheses, `not` or list; refuse more than `MAX_EXPRESSION_DEPTH` (a condition
+        nested thousands deep would overflow the parser's stack). The message leaves out the source, which can be
+        as long as the file."""
+        self.depth += 1
+        if self.depth > MAX_EXPRESSION_DEPTH:
+            raise ExpressionError(
+                f"the condition nests deeper than {MAX_EXPRESSION_DEPTH} levels (at character {pos + 1});"
+                " use fewer parentheses, `not`s or brackets, e.g. `a and b and c` needs none",
+                self.source,
+                pos,
+                show_source=False,
+            )
 
     @staticmethod
     def _describe(tok: _Token) -> str:
@@ -181,29 +201,39 @@ class _Compiler:
             raise self.error(f"expected a condition (true or false), found {self.kind_of(typed)}{hint}", typed.pos)
 
     def or_expr(self) -> _Typed:
-        left = self.and_expr()
+        first = self.and_expr()
+        terms = [first]
         while self.tok.text == "or" and self.tok.kind == "keyword":
             self.index += 1
-            right = self.and_expr()
-            for side in (left, right):
-                self.require_bool(side)
-            left = _Typed("bool", _either(left.fn, right.fn), left.pos)
-        return left
+            term = self.and_expr()
+            if len(terms) == 1:
+                self.require_bool(first)
+            self.require_bool(term)
+            terms.append(term)
+        if len(terms) == 1:
+            return first
+        return _Typed("bool", _any([term.fn for term in terms]), first.pos)
 
     def and_expr(self) -> _Typed:
-        left = self.not_expr()
+        first = self.not_expr()
+        terms = [first]
         while self.tok.text == "and" and self.tok.kind == "keyword":
             self.index += 1
-            right = self.not_expr()
-            for side in (left, right):
-                self.require_bool(side)
-            left = _Typed("bool", _both(left.fn, right.fn), left.pos)
-        return left
+            term = self.not_expr()
+            if len(terms) == 1:
+                self.require_bool(first)
+            self.require_bool(term)
+            terms.append(term)
+        if len(terms) == 1:
+            return first
+        return _Typed("bool", _all([term.fn for term in terms]), first.pos)
 
     def not_expr(self) -> _Typed:
         pos = self.tok.pos
         if self.take("not"):
+            self.nest(pos)
             inner = self.not_expr()
+            self.depth -= 1
             self.require_bool(inner)
             return _Typed("bool", _negate(inner.fn), pos)
         return self.comparison()
@@ -235,7 +265,7 @@ class _Compiler:
         checks = [self.link(op, lhs, rhs) for op, lhs, rhs in links]
         if len(checks) == 1:
             return _Typed("bool", checks[0], links[0][1].pos)
-        return _Typed("bool", _every(checks), links[0][1].pos)
+        return _Typed("bool", _all(checks), links[0][1].pos)
 
     @staticmethod
     def link(op: str, lhs: _Typed, rhs: _Typed) -> _Fn:
@@ -306,11 +336,16 @@ class _Compiler:
             flag = tok.text == "true"
             return _constant("bool", flag, tok.pos)
         if self.take("("):
+            self.nest(tok.pos)
             inner = self.or_expr()
             self.expect(")", "to close '('")
+            self.depth -= 1
             return inner
         if self.take("["):
-            return self.list_literal(tok.pos)
+            self.nest(tok.pos)
+            items = self.list_literal(tok.pos)
+            self.depth -= 1
+            return items
         if tok.kind == "name":
             return self.reference()
         if tok.kind == "end":

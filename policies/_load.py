@@ -71,7 +71,12 @@ def load_config(path: str | os.PathLike[str]) -> Config:
 
 def parse_config(text: str, file: str = "<config>") -> Config:
     """Validate configuration `text`; `file` names it in error messages."""
-    data, marks = load_yaml(text, file)
+    try:
+        data, marks = load_yaml(text, file)
+    except RecursionError:  # YAML nested near libyaml's own limit (1,000 levels) is deeper than Python's stack
+        raise ConfigError(
+            [Issue(file, None, None, (), "the file nests too deeply to read; a configuration needs a few levels")]
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(
             [Issue(file, 1, 1, (), f"expected a mapping with `upstreams` and `policies`, found {_kind(data)}")]

@@ -7,6 +7,7 @@ import math
 import multiprocessing
 from pathlib import Path
 
+import httpx
 import pytest
 
 from d3backend import (
@@ -23,6 +24,7 @@ from d3backend import (
     ScoreAnswer,
     VllmServer,
     free_port,
+    make_transport,
 )
 from tests.conftest import SERVED_MODEL, require_vllm
 
@@ -89,11 +91,41 @@ async def test_unknown_model_is_rejected_with_a_hint(vllm_server: VllmServer) ->
     assert info.value.message.endswith("(check the engine's model name in the configuration)")
 
 
+class Recording(httpx.AsyncBaseTransport):
+    """The production transport, recording each request's origin and whether it answered or raised."""
+
+    def __init__(self) -> None:
+        self.inner = make_transport()
+        self.log: list[tuple[str, str]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        origin = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        try:
+            response = await self.inner.handle_async_request(request)
+        except httpx.TransportError as exc:
+            self.log.append((origin, type(exc).__name__))
+            raise
+        self.log.append((origin, str(response.status_code)))
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 async def test_fails_over_from_a_dead_url(vllm_server: VllmServer) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    async with RemoteEngine([dead, vllm_server.url], model=SERVED_MODEL) as engine:
-        answers = [(await engine.decide(STATE, QUESTIONS)).answers for _ in range(4)]
+    transport = Recording()
+    try:
+        async with RemoteEngine([dead, vllm_server.url], model=SERVED_MODEL, transport=transport) as engine:
+            answers = [(await engine.decide(STATE, QUESTIONS)).answers for _ in range(4)]
+    finally:
+        await transport.aclose()
     assert all(answer == answers[0] for answer in answers)
+    # The dead URL was really tried, first (both idle: the first listed wins), and refused the connection; it was
+    # retried once on the next call, then set aside after its second failure; the live one answered all four.
+    assert [outcome for origin, outcome in transport.log if origin == dead] == ["ConnectError"] * 2
+    assert [outcome for origin, outcome in transport.log if origin == vllm_server.url] == ["200"] * 4
+    assert transport.log[0] == (dead, "ConnectError")
 
 
 async def test_cache_in_front_of_the_real_engine(vllm_server: VllmServer) -> None:

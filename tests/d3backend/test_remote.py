@@ -28,7 +28,9 @@ A, B = "http://d3-a:8000", "http://d3-b:8000"
 QUESTIONS: dict[str, Question] = {"jailbreak": Noul("Jailbreak?")}
 ANSWER = {
     "model": "vllm-sr/d3-mini",
-    "answers": {"jailbreak": {"type": "noul", "noul": 0.25, "probabilities": {"yes": 0.25, "no": 0.75}}},
+    "answers": {
+        "jailbreak": {"type": "noul", "noul": 0.25, "probabilities": {"yes": 0.25, "no": 0.75}, "confidence": 0.75}
+    },
     "usage": {"input_tokens": 10, "output_tokens": 0},
     "joint": None,
 }

@@ -105,12 +105,17 @@ def test_parse_tolerates_extra_fields_and_answers_not_asked() -> None:
 
 
 def test_rounded_probabilities_are_renormalized() -> None:
-    body = response(kind={"type": "choice", "choice": "code", "probabilities": {"code": 0.9004, "chat": 0.1}})
-    answers, _, _ = parse_response(json.dumps(body).encode(), QUESTIONS)
+    kind_answer = {
+        "type": "choice",
+        "choice": "code",
+        "probabilities": {"code": 0.9004, "chat": 0.1},
+        "confidence": 0.9,
+    }
+    answers, _, _ = parse_response(json.dumps(response(kind=kind_answer)).encode(), QUESTIONS)
     kind = answers["kind"]
     assert isinstance(kind, ChoiceAnswer)
     assert sum(kind.probabilities.values()) == pytest.approx(1.0, abs=1e-12)
-    assert kind.confidence == 0.0  # absent in this body
+    assert kind.confidence == 0.9  # as sent: only the probabilities are renormalized
 
 
 @pytest.mark.parametrize(
@@ -134,11 +139,11 @@ def test_rounded_probabilities_are_renormalized() -> None:
         ),
         (
             json.dumps(response(kind={"type": "choice", "probabilities": {"code": 1.5, "chat": -0.5}})).encode(),
-            "question 'kind': the engine's probabilities are not all between 0 and 1",
+            "question 'kind': the engine's probability of 'code' is 1.5; expected a number from 0 to 1",
         ),
         (
             b'{"answers": {"kind": {"type": "choice", "probabilities": {"code": NaN, "chat": 0.5}}}}',
-            "question 'kind': the engine's probabilities are not all between 0 and 1",
+            "question 'kind': the engine's probability of 'code' is nan; expected a number from 0 to 1",
         ),
         (
             json.dumps(response(kind={"type": "choice", "probabilities": {"code": "high", "chat": 0.1}})).encode(),

@@ -22,7 +22,7 @@ from router import create_app
 from router._http import read_body
 from tests.router.test_sockets import Served
 
-ANSWER = {"answers": {"j": {"type": "noul", "noul": 0.1, "probabilities": {"yes": 0.1, "no": 0.9}}}}
+ANSWER = {"answers": {"j": {"type": "noul", "noul": 0.1, "probabilities": {"yes": 0.1, "no": 0.9}, "confidence": 0.9}}}
 
 
 class Engine:
