@@ -45,7 +45,7 @@ def test_names_types_help_and_labels_are_as_before() -> None:
     for name, kind, help_text in FAMILIES:
         shown = f"{name}_total" if kind == "counter" else name
         assert f"# HELP {shown} {help_text}\n# TYPE {shown} {kind}\n" in text
-    families = {family.name: family for family in text_string_to_metric_families(text)}
+    families = {f.name: f for f in text_string_to_metric_families(text) if f.name.startswith("d3router_")}
     assert [(f.name, f.type, f.documentation) for f in families.values()] == FAMILIES
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value for family in families.values() for s in family.samples
@@ -107,3 +107,19 @@ def test_label_values_are_escaped() -> None:
 
 def test_an_unset_cache_gauge_is_not_shown() -> None:
     assert "d3router_decision_cache_entries" not in Metrics().render()
+
+
+def test_process_metrics_come_with_them() -> None:
+    families = {family.name: family for family in text_string_to_metric_families(Metrics().render())}
+    for name in ("process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds"):
+        assert [sample.labels for sample in families[name].samples] == [{}]  # one process: no pid label
+    assert families["process_resident_memory_bytes"].samples[0].value > 1e6
+
+
+def test_a_new_counter_family_has_the_same_shape() -> None:
+    metrics = Metrics()
+    invalid = metrics.counter("d3router_engine_invalid_answers", "Engine answers that broke the contract.", ["reason"])
+    invalid["nan"] += 1
+    invalid["nan"] += 2
+    assert "nan" in invalid
+    assert 'd3router_engine_invalid_answers_total{reason="nan"} 3.0\n' in metrics.render()
