@@ -5,6 +5,17 @@ aiohttp's connection pool: measured in `benchmarks/router.py`, httpx's own pool 
 request and slows down as concurrency rises (encode/httpcore#822, #1035). `TRANSPORT = "httpx"` switches back,
 for comparison.
 
+Ours, not httpx-aiohttp's (the library transport the openai SDK offers), measured (issue 17, benchmarks/results/
+router-issue17.md, 2 shared cores): the same CPU per request within noise, d3router cache hit 0.57/0.31/0.31 ms
+(ours) vs 0.55/0.31/0.32 ms at c=1/8/64, streamed 0.58/0.31/0.32 vs 0.60/0.30/0.33. Kept for behaviour: even on a
+session set up as ours, httpx-aiohttp 0.2.0 raises ConnectTimeout for a refused connection and for a server that
+hangs up (httpx: ConnectError, RemoteProtocolError) and sends repeated headers joined into one
+(tests/d3backend/test_http.py runs on both, its failures there as strict xfails); its default session keeps
+cookies and adds headers; and it has no pool wait of its own (below). Wrapping it to fix those is this module.
+
+Each transport holds at most `max_connections` requests in flight; one more waits `pool_timeout_s` and gets
+`httpx.PoolTimeout` (one transport per upstream keeps a hung upstream from starving the others).
+
 The transport keeps no cookies (a proxy must not hand one user's cookies to the next), adds no headers and
 decodes nothing: the bytes go and come back as they are. Its errors are the ones httpx's own transport raises.
 """

@@ -19,7 +19,6 @@ counter family of the same shape.
 
 from __future__ import annotations
 
-import atexit
 import glob
 import os
 from collections.abc import Callable, Hashable, Iterable
@@ -121,8 +120,6 @@ class Metrics:
         self.process = ProcessCollector(registry=None)
         self._shown = CollectorRegistry(auto_describe=False)
         self._shown.register(_Exposed(self))
-        if self._dir is not None:
-            atexit.register(_forget_live_gauges, self._dir, os.getpid())
 
     def request(self, policy: str, rule: str, action: str, status: int) -> None:
         self._request_series[(policy, rule, action, str(status))].inc()
@@ -221,13 +218,10 @@ def _router_pids() -> list[int]:
 
 
 def _forget_dead_workers(path: str) -> None:
-    """Drop the live-gauge values of workers that are gone (killed ones never ran their exit hook)."""
+    """Mark the workers that are gone as dead, at each scrape: their live gauges leave the sums (their counters
+    stay in the totals). Done here, not on a worker's exit: uvicorn's supervisor has no hook for it, a worker
+    process ends without running `atexit`, and a killed one runs nothing."""
     for file in glob.glob(os.path.join(path, "gauge_live*_*.db")):
         pid = int(file.rsplit("_", 1)[1].removesuffix(".db"))
         if not os.path.exists(f"/proc/{pid}"):
             multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
-
-
-def _forget_live_gauges(path: str, pid: int) -> None:
-    if os.path.isdir(path):
-        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
