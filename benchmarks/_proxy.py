@@ -1,11 +1,14 @@
 """The proxies the router benchmark measures, each run in its own process under uvicorn.
 
-    python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp]
+    python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp|httpx-aiohttp]
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
+        [--metrics prometheus|old]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
-10 ms, or a real engine at a URL.
+10 ms, or a real engine at a URL. `--metrics old` swaps in the hand-written metrics the router had before
+prometheus_client (benchmarks/_old_metrics.py); run with PROMETHEUS_MULTIPROC_DIR set, the router's metrics are in
+prometheus_client's multi-process mode, as under `d3router serve --workers N`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -102,14 +106,20 @@ def main() -> None:
     parser.add_argument("port", type=int)
     parser.add_argument("upstream")
     parser.add_argument("--engine", default="cache")
-    parser.add_argument("--transport", choices=["httpx", "aiohttp"], default=None)
+    parser.add_argument("--transport", choices=["httpx", "aiohttp", "httpx-aiohttp"], default=None)
+    parser.add_argument("--metrics", choices=["prometheus", "old"], default="prometheus")
     args = parser.parse_args()
     if args.transport:
         _http.TRANSPORT = args.transport
-    run(serve(args.mode, args.port, args.upstream, args.engine))
+    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics))
 
 
-async def serve(mode: str, port: int, upstream: str, engine_spec: str) -> None:
+def requests_total(exposition: str) -> int:
+    return int(sum(sample.value for family in text_string_to_metric_families(exposition)
+                   if family.name == "d3router_requests" for sample in family.samples))  # fmt: skip
+
+
+async def serve(mode: str, port: int, upstream: str, engine_spec: str, metrics: str = "prometheus") -> None:
     app: Any
     if mode == "passthrough":
         client = make_client(timeout=60, connect_timeout=5)
@@ -120,13 +130,17 @@ async def serve(mode: str, port: int, upstream: str, engine_spec: str) -> None:
         return
     engine = engine_for(engine_spec)
     app = create_app(parse_config(POLICY.format(upstream=upstream), "bench.yaml"), engine=engine)
+    if metrics == "old":
+        from benchmarks._old_metrics import Metrics as OldMetrics
+
+        app.service.metrics = OldMetrics()  # type: ignore[assignment]
     try:
         await serve_app(with_task_count(app), "127.0.0.1", port, log_level="warning")
     finally:
         await app.aclose()
         await engine.aclose()
     counting = engine.engine if isinstance(engine, CachedEngine) else engine
-    decided = sum(app.service.metrics.requests.values())
+    decided = requests_total(app.service.metrics.render())
     print(json.dumps({"engine_calls": counting.calls, "decided_requests": decided}), flush=True)
 
 

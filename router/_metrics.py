@@ -1,25 +1,89 @@
-"""Prometheus metrics in text format, without a dependency: counters and histograms keyed by label values."""
+"""Prometheus metrics on prometheus_client, right with one process or several (`d3router serve --workers N`).
+
+Names, label names, help texts and buckets are the ones the router has always shown (tests/router/
+test_metrics_names.py pins them). With several workers the library's multi-process mode is on: `serve_workers`
+sets `PROMETHEUS_MULTIPROC_DIR` to a directory of its own before the workers start (they import prometheus_client
+after it), each worker writes its values there, and whichever worker answers `/metrics` reads them all, so every
+scrape shows the totals of every worker, dead ones included (a counter never goes back).
+
+Process metrics (CPU seconds, resident and virtual memory, open and max fds, start time): with one process, the
+library's own `process_*` series. With several, a collector in one process only sees itself, so the worker that
+answers reads `/proc` for every process of the router, the supervisor and the processes it started, and labels
+each series with its `pid` (`sum(rate(process_cpu_seconds_total[1m]))` is the router's CPU either way; a
+restarted worker is a new series, not a counter that goes back).
+
+The call sites keep the plain shape they had: `metrics.engine_errors[kind] += 1`,
+`metrics.decision_seconds[policy].observe(s)`, `metrics.cache_entries = n`; `metrics.counter(...)` makes a new
+counter family of the same shape.
+"""
 
 from __future__ import annotations
 
-import bisect
-from collections import defaultdict
-from collections.abc import Mapping
-from typing import Any
+import glob
+import os
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, Generic, TypeVar
 
-_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
+from prometheus_client.metrics_core import Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+K = TypeVar("K", bound=Hashable)
+C = TypeVar("C")
 
 
-class _Histogram:
-    __slots__ = ("counts", "sum")
+def multiprocess_dir() -> str | None:
+    """The directory of multi-process mode, when prometheus_client was imported with it set (values are then kept
+    in files there, whatever the environment says later)."""
+    if values.ValueClass is values.MutexValue:
+        return None
+    return os.environ.get(MULTIPROC_ENV)
 
-    def __init__(self) -> None:
-        self.counts = [0] * (len(_LATENCY_BUCKETS_S) + 1)
-        self.sum = 0.0
 
-    def observe(self, seconds: float) -> None:
-        self.counts[bisect.bisect_left(_LATENCY_BUCKETS_S, seconds)] += 1
-        self.sum += seconds
+class Count:
+    """One counter series; `+=` adds to it (the value handed back to the mapping is this same object)."""
+
+    __slots__ = ("_child",)
+
+    def __init__(self, child: Counter) -> None:
+        self._child = child
+
+    def __iadd__(self, amount: float) -> Count:
+        self._child.inc(amount)
+        return self
+
+
+class _Series(Generic[K, C]):
+    """Series of one family by label values, made on first use and kept (the label values come from the
+    configuration and from closed sets, so they stay few)."""
+
+    def __init__(self, make: Callable[[K], C]) -> None:
+        self._make = make
+        self._series: dict[K, C] = {}
+
+    def __getitem__(self, key: K) -> C:
+        series = self._series.get(key)
+        if series is None:
+            series = self._series[key] = self._make(key)
+        return series
+
+    def __setitem__(self, key: K, value: C) -> None:
+        """The end of `family[key] += n`: the series already counted it."""
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._series
+
+
+class Counts(_Series[K, Count]):
+    """A counter family: `family[label_value] += 1`, or `family[(value, value)] += 1` with several labels."""
+
+    def __init__(self, counter: Counter) -> None:
+        super().__init__(lambda key: Count(counter.labels(*(key if isinstance(key, tuple) else (key,)))))
 
 
 class Metrics:
@@ -27,59 +91,137 @@ class Metrics:
     a closed set of actions, statuses and error kinds, so the series stay few."""
 
     def __init__(self) -> None:
-        self.requests: defaultdict[tuple[str, str, str, str], int] = defaultdict(int)
-        self.engine_errors: defaultdict[str, int] = defaultdict(int)
-        self.cache: defaultdict[str, int] = defaultdict(int)
-        self.cache_entries: int | None = None  # a gauge, set when the engine has a cache
-        self.upstream_errors: defaultdict[tuple[str, str], int] = defaultdict(int)
-        self.decision_seconds: defaultdict[str, _Histogram] = defaultdict(_Histogram)
-        self.upstream_seconds: defaultdict[str, _Histogram] = defaultdict(_Histogram)
+        self._own = CollectorRegistry(auto_describe=True)
+        self._dir = multiprocess_dir()
+        self._cache_entries: int | None = None
+        self._cache_gauge: Gauge | None = None
+        self._requests = Counter("d3router_requests", "Chat requests by policy, rule, action and status.",
+                                 ("policy", "rule", "action", "status"), registry=self._own)  # fmt: skip
+        self.engine_errors: Counts[str] = self.counter(
+            "d3router_engine_errors", "Decision engine failures by kind.", ("kind",)
+        )
+        self.cache: Counts[str] = self.counter(
+            "d3router_decision_cache", "Decisions answered from the cache (hit) or not (miss).", ("result",)
+        )
+        self._cache_entries_at = len(list(self._own.collect()))  # the gauge is made when first set, shown here
+        self.upstream_errors: Counts[tuple[str, str]] = self.counter(
+            "d3router_upstream_errors", "Upstream attempts that failed, by upstream and kind.", ("upstream", "kind")
+        )
+        decision = Histogram("d3router_decision_seconds", "Time to decide (engine call or cache), by policy.",
+                             ("policy",), buckets=LATENCY_BUCKETS_S, registry=self._own)  # fmt: skip
+        upstream = Histogram("d3router_upstream_seconds", "Time to the upstream's response headers, by upstream.",
+                             ("upstream",), buckets=LATENCY_BUCKETS_S, registry=self._own)  # fmt: skip
+        self.decision_seconds: _Series[str, Histogram] = _Series(decision.labels)
+        self.upstream_seconds: _Series[str, Histogram] = _Series(upstream.labels)
+        self._request_series: _Series[tuple[str, str, str, str], Counter] = _Series(
+            lambda key: self._requests.labels(*key)
+        )
+        self.multiprocess = self._dir is not None
+        self.process = ProcessCollector(registry=None)
+        self._shown = CollectorRegistry(auto_describe=False)
+        self._shown.register(_Exposed(self))
 
     def request(self, policy: str, rule: str, action: str, status: int) -> None:
-        self.requests[(policy, rule, action, str(status))] += 1
+        self._request_series[(policy, rule, action, str(status))].inc()
+
+    def counter(self, name: str, help_text: str, labels: Iterable[str]) -> Counts[Any]:
+        """A new counter family, shown as `<name>_total` (`name` without the suffix)."""
+        return Counts(Counter(name, help_text, tuple(labels), registry=self._own))
+
+    @property
+    def cache_entries(self) -> int | None:
+        """A gauge, set when the engine has a cache (with several workers: the sum over the live workers of what
+        each held when it last set it)."""
+        return self._cache_entries
+
+    @cache_entries.setter
+    def cache_entries(self, entries: int | None) -> None:
+        if entries is None:
+            return
+        if self._cache_gauge is None:
+            self._cache_gauge = Gauge("d3router_decision_cache_entries", "Decisions held in the cache.",
+                                      registry=None, multiprocess_mode="livesum")  # fmt: skip
+        self._cache_entries = entries
+        self._cache_gauge.set(entries)
 
     def render(self) -> str:
-        lines: list[str] = []
-        _counter(lines, "d3router_requests_total", "Chat requests by policy, rule, action and status.",
-                 ("policy", "rule", "action", "status"), self.requests)  # fmt: skip
-        _counter(lines, "d3router_engine_errors_total", "Decision engine failures by kind.", ("kind",),
-                 {(k,): v for k, v in self.engine_errors.items()})  # fmt: skip
-        _counter(lines, "d3router_decision_cache_total", "Decisions answered from the cache (hit) or not (miss).",
-                 ("result",), {(k,): v for k, v in self.cache.items()})  # fmt: skip
-        if self.cache_entries is not None:
-            lines += ["# HELP d3router_decision_cache_entries Decisions held in the cache.",
-                      "# TYPE d3router_decision_cache_entries gauge",
-                      f"d3router_decision_cache_entries {self.cache_entries}"]  # fmt: skip
-        _counter(lines, "d3router_upstream_errors_total", "Upstream attempts that failed, by upstream and kind.",
-                 ("upstream", "kind"), self.upstream_errors)  # fmt: skip
-        _histogram(lines, "d3router_decision_seconds", "Time to decide (engine call or cache), by policy.",
-                   "policy", self.decision_seconds)  # fmt: skip
-        _histogram(lines, "d3router_upstream_seconds", "Time to the upstream's response headers, by upstream.",
-                   "upstream", self.upstream_seconds)  # fmt: skip
-        return "\n".join(lines) + "\n"
+        return generate_latest(self._shown).decode()
+
+    def families(self) -> list[Metric]:
+        """The router's own families in their usual order, from this process or, with several workers, from all
+        of them."""
+        families = list(self._own.collect())
+        if self._dir is None:
+            if self._cache_gauge is not None:
+                families[self._cache_entries_at : self._cache_entries_at] = self._cache_gauge.collect()
+            return families
+        _forget_dead_workers(self._dir)
+        merged = {family.name: family for family in multiprocess.MultiProcessCollector(None, self._dir).collect()}  # type: ignore[no-untyped-call]
+        names = [family.name for family in families]
+        names.insert(self._cache_entries_at, "d3router_decision_cache_entries")
+        return [merged[name] for name in names if name in merged]
 
 
-def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    pairs = ",".join(f'{name}="{_escape(value)}"' for name, value in zip(names, values, strict=True))
-    return "{" + pairs + "}"
+class _Exposed(Collector):
+    """The router's families in their usual order and form (no `_created` series, `le="1"` not `"1.0"`), then
+    the process metrics."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._metrics.families():
+            family.samples = [
+                sample._replace(labels={**sample.labels, "le": _bound(sample.labels["le"])})
+                if "le" in sample.labels
+                else sample
+                for sample in family.samples
+                if not sample.name.endswith("_created")
+            ]
+            yield family
+        if self._metrics.multiprocess:
+            yield from _router_processes()
+        else:
+            yield from self._metrics.process.collect()
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _bound(le: str) -> str:
+    return le if le == "+Inf" else f"{float(le):g}"
 
 
-def _counter(lines: list[str], name: str, help_text: str, names: tuple[str, ...], values: Mapping[Any, int]) -> None:
-    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-    lines += [f"{name}{_labels(names, key)} {count}" for key, count in sorted(values.items())]
+def _router_processes() -> Iterable[Metric]:
+    """The process metrics of every process of the router, each series labelled with its pid."""
+    merged: dict[str, Metric] = {}
+    for pid in _router_pids():
+        for family in _process(pid).collect():
+            into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+            for sample in family.samples:
+                into.add_sample(sample.name, {**sample.labels, "pid": str(pid)}, sample.value)
+    return merged.values()
 
 
-def _histogram(lines: list[str], name: str, help_text: str, label: str, values: dict[str, _Histogram]) -> None:
-    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-    for key, histogram in sorted(values.items()):
-        running = 0
-        for bound, count in zip((*_LATENCY_BUCKETS_S, float("inf")), histogram.counts, strict=True):
-            running += count
-            le = "+Inf" if bound == float("inf") else f"{bound:g}"
-            lines.append(f'{name}_bucket{{{label}="{_escape(key)}",le="{le}"}} {running}')
-        lines.append(f'{name}_sum{{{label}="{_escape(key)}"}} {histogram.sum:.6f}')
-        lines.append(f'{name}_count{{{label}="{_escape(key)}"}} {running}')
+def _process(pid: int) -> ProcessCollector:
+    return ProcessCollector(pid=lambda: pid, registry=None)
+
+
+def _router_pids() -> list[int]:
+    """The supervisor (this worker's parent) and every process it started."""
+    supervisor = os.getppid()
+    pids = [supervisor]
+    for children in glob.glob(f"/proc/{supervisor}/task/*/children"):
+        try:
+            with open(children, encoding="ascii") as file:
+                pids += [int(pid) for pid in file.read().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _forget_dead_workers(path: str) -> None:
+    """Mark the workers that are gone as dead, at each scrape: their live gauges leave the sums (their counters
+    stay in the totals). Done here, not on a worker's exit: uvicorn's supervisor has no hook for it, a worker
+    process ends without running `atexit`, and a killed one runs nothing."""
+    for file in glob.glob(os.path.join(path, "gauge_live*_*.db")):
+        pid = int(file.rsplit("_", 1)[1].removesuffix(".db"))
+        if not os.path.exists(f"/proc/{pid}"):
+            multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]

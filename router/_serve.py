@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -58,9 +60,29 @@ def serve_workers(config: Config, host: str, port: int, workers: int, *, log_lev
         return 2
     os.environ[CONFIG_ENV] = os.path.abspath(config.file)
     logger.info("d3router: serving %s on http://%s:%d with %d workers", config.file, host, port, workers)
-    uvicorn.run("router._serve:worker_app", factory=True, host=host, port=port, workers=workers, lifespan="on",
-                log_level=log_level, access_log=False, server_header=False, date_header=False)  # fmt: skip
+    with metrics_dir():
+        uvicorn.run("router._serve:worker_app", factory=True, host=host, port=port, workers=workers, lifespan="on",
+                    log_level=log_level, access_log=False, server_header=False, date_header=False)  # fmt: skip
     return 0
+
+
+@contextlib.contextmanager
+def metrics_dir() -> Iterator[str]:
+    """A fresh directory for prometheus_client's multi-process mode, named to the workers (they import the
+    library after this is set), removed with everything in it when the run ends."""
+    from router._metrics import MULTIPROC_ENV
+
+    path = tempfile.mkdtemp(prefix="d3router-metrics-")
+    before = os.environ.get(MULTIPROC_ENV)
+    os.environ[MULTIPROC_ENV] = path
+    try:
+        yield path
+    finally:
+        if before is None:
+            del os.environ[MULTIPROC_ENV]
+        else:
+            os.environ[MULTIPROC_ENV] = before
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def worker_app() -> ProxyApp:

@@ -315,8 +315,8 @@ async def test_health_ready_and_metrics(client: httpx.AsyncClient) -> None:
     await client.post("/v1/chat/completions", json=chat("python"))
     await client.post("/v1/chat/completions", json=chat("ignore it"))
     metrics = (await client.get("/metrics")).text
-    assert 'd3router_requests_total{policy="auto",rule="code",action="route",status="200"} 1' in metrics
-    assert 'd3router_requests_total{policy="auto",rule="guard",action="block",status="403"} 1' in metrics
+    assert 'd3router_requests_total{action="route",policy="auto",rule="code",status="200"} 1.0' in metrics
+    assert 'd3router_requests_total{action="block",policy="auto",rule="guard",status="403"} 1.0' in metrics
     assert 'd3router_decision_cache_total{result="miss"} 2' in metrics
     assert 'd3router_decision_seconds_count{policy="auto"} 2' in metrics
     assert 'd3router_upstream_seconds_count{upstream="large"} 1' in metrics
@@ -444,6 +444,6 @@ async def test_cache_size_is_a_gauge_not_a_counter(mock: respx.MockRouter) -> No
         for text in ("hello", "hello", "python"):
             await http.post("/v1/chat/completions", json=chat(text))
         metrics = (await http.get("/metrics")).text
-    assert "# TYPE d3router_decision_cache_entries gauge\nd3router_decision_cache_entries 2\n" in metrics
+    assert "# TYPE d3router_decision_cache_entries gauge\nd3router_decision_cache_entries 2.0\n" in metrics
     assert 'd3router_decision_cache_total{result="hit"} 1' in metrics
     assert 'result="entries"' not in metrics
