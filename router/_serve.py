@@ -115,15 +115,18 @@ async def serve_app(app: ASGIApp, host: str, port: int, *, log_level: str = "inf
 
 
 async def _watch(app: ProxyApp, poll_s: float) -> None:
-    """Reload when the configuration file changes (its mtime and size)."""
+    """Reload when the configuration file changes. A Kubernetes ConfigMap volume swaps a `..data` symlink to a new
+    timestamped folder and leaves the file's own mtime and size as they may be, so the stamp also holds the path the
+    symlinks resolve to and the inode they land on."""
     path = app.config.file
 
-    def stamp() -> tuple[float, int] | None:
+    def stamp() -> tuple[str, int, int, int, int] | None:
         try:
-            info = os.stat(path)
+            real = os.path.realpath(path)
+            info = os.stat(real)
         except OSError:
             return None
-        return info.st_mtime, info.st_size
+        return real, info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size
 
     last = stamp()
     while True:
