@@ -377,7 +377,7 @@ class DecisionLogSettings(Strict):
 
 
 class ServerSettings(Strict):
-    """How the router serves: limits and admin access."""
+    """How the router serves: limits, admin access and graceful shutdown."""
 
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger chat requests get 413.")
     decision_timeout_s: float = Field(5.0, gt=0, description="Longest wait for the engine before on_engine_error.")
@@ -420,6 +420,18 @@ class ServerSettings(Strict):
                     {"p": repr(path)},
                 )
         return paths
+    drain_s: float = Field(
+        5.0,
+        ge=0,
+        description="On SIGTERM, /readyz answers 503 at once while new connections are still served this long: the "
+        "load balancer's lag in taking the router out of rotation.",
+    )
+    grace_s: int = Field(
+        30,
+        ge=0,
+        description="After the drain, in-flight requests and streams get this many seconds to finish before they are "
+        "cut and the process exits (Kubernetes: terminationGracePeriodSeconds >= drain_s + grace_s).",
+    )
 
     @field_validator("admin_token_env")
     @classmethod

@@ -71,6 +71,7 @@ class ProxyApp:
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
         self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
         self.ready = engine is None
+        self.draining = False  # set on SIGTERM (router._serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
         self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)
         self._background: list[Any] = []
@@ -339,7 +340,11 @@ class ProxyApp:
         await send_json(send, 200, b'{"status":"ok"}')
 
     async def readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Ready while the engine answers: each call probes it (one small request; probes are not cached)."""
+        """Ready while the engine answers: each call probes it (one small request; probes are not cached).
+        Not ready while draining for shutdown, whatever the engine says."""
+        if self.draining:
+            await send_json(send, 503, b'{"status":"not ready","reason":"draining: the router is shutting down"}')
+            return
         await self.check_engine()
         if self.ready:
             await send_json(send, 200, b'{"status":"ready"}')

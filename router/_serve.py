@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import tempfile
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
@@ -40,9 +41,15 @@ class _Server(uvicorn.Server):
     def capture_signals(self) -> Iterator[None]:
         yield
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        if self.force_exit and self.started:  # uvicorn skips the app's shutdown then; run it, or the lifespan
+            await self.lifespan.shutdown()  # task is cancelled at exit and logs a traceback
+
 
 async def serve(config: Config, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0) -> int:
-    """Serve until SIGINT/SIGTERM (a second one forces the exit); return the process exit code."""
+    """Serve until SIGINT/SIGTERM (a graceful stop: see `_Shutdown`; a second signal forces the exit); return the
+    process exit code."""
     app = ProxyApp(config)
     policies = ", ".join(config.policies) or "none"
     logger.info("d3router: serving %s on http://%s:%d (policies: %s)", config.file, host, port, policies)
@@ -60,9 +67,12 @@ def serve_workers(config: Config, host: str, port: int, workers: int, *, log_lev
         return 2
     os.environ[CONFIG_ENV] = os.path.abspath(config.file)
     logger.info("d3router: serving %s on http://%s:%d with %d workers", config.file, host, port, workers)
+    # uvicorn's supervisor relays SIGTERM to the workers; they finish in-flight requests within grace_s (no drain:
+    # on Kubernetes, scale with replicas of one process each).
     with metrics_dir():
         uvicorn.run("router._serve:worker_app", factory=True, host=host, port=port, workers=workers, lifespan="on",
-                    log_level=log_level, access_log=False, server_header=False, date_header=False)  # fmt: skip
+                    log_level=log_level, access_log=False, server_header=False, date_header=False,
+                    timeout_graceful_shutdown=config.server.grace_s)  # fmt: skip
     return 0
 
 
@@ -100,8 +110,12 @@ def watch_file(app: ProxyApp, poll_s: float = 1.0) -> None:
     app.on_startup.append(lambda: asyncio.create_task(_watch(app, poll_s)))
 
 
-async def serve_app(app: ASGIApp, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0) -> int:
-    """Run any ASGI app under uvicorn until SIGINT/SIGTERM; a `ProxyApp` also reloads its file on change/SIGHUP."""
+async def serve_app(
+    app: ASGIApp, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0, drain_s: float = 0.0,
+    grace_s: int = 10,
+) -> int:  # fmt: skip
+    """Run any ASGI app under uvicorn until SIGINT/SIGTERM (see `_Shutdown`); a `ProxyApp` also reloads its file on
+    change/SIGHUP and takes `drain_s`/`grace_s` from its configuration's `server` section instead."""
     server = _Server(
         uvicorn.Config(
             app,
@@ -110,20 +124,16 @@ async def serve_app(app: ASGIApp, host: str, port: int, *, log_level: str = "inf
             lifespan="on",
             log_level=log_level,
             access_log=False,
-            timeout_graceful_shutdown=10,
+            timeout_graceful_shutdown=grace_s,
             server_header=False,  # the upstream's own headers pass through; uvicorn's would double them
             date_header=False,
         )
     )
-
-    def stop() -> None:
-        server.force_exit = server.should_exit
-        server.should_exit = True
-
+    shutdown = _Shutdown(server, app, drain_s, grace_s)
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError):  # no signals on some platforms
-        loop.add_signal_handler(signal.SIGINT, stop)
-        loop.add_signal_handler(signal.SIGTERM, stop)
+        loop.add_signal_handler(signal.SIGINT, shutdown.interrupt)
+        loop.add_signal_handler(signal.SIGTERM, shutdown.terminate)
         if isinstance(app, ProxyApp):
             loop.add_signal_handler(signal.SIGHUP, app.reload)
     if isinstance(app, ProxyApp):
@@ -131,21 +141,78 @@ async def serve_app(app: ASGIApp, host: str, port: int, *, log_level: str = "inf
     try:
         await server.serve()
     finally:
+        shutdown.cancel()
         if isinstance(app, ProxyApp):
             await app.aclose()  # after a forced exit the lifespan did not run its shutdown
     return 0 if server.started else 3
 
 
+class _Shutdown:
+    """A graceful stop for rolling updates (issue 14). SIGTERM: `/readyz` answers 503 at once, new connections are
+    still served for `drain_s` (the load balancer's lag in seeing it), then the listener closes (new connections
+    are refused) and in-flight requests and streams get `grace_s` to finish; the connections still open then are
+    closed, as if their clients had left (the app cancels their upstream requests), and the process exits 0.
+    SIGINT (Ctrl-C) skips the drain. A second signal forces the exit at once."""
+
+    def __init__(self, server: uvicorn.Server, app: ASGIApp, drain_s: float, grace_s: int) -> None:
+        self.server, self.app = server, app
+        self.drain_s, self.grace_s = drain_s, grace_s
+        self.task: asyncio.Task[None] | None = None
+
+    def terminate(self) -> None:
+        self._stop(drain=True)
+
+    def interrupt(self) -> None:
+        self._stop(drain=False)
+
+    def _stop(self, *, drain: bool) -> None:
+        if self.task is not None or self.server.should_exit:
+            logger.warning("d3router: second signal, exiting now without waiting for in-flight requests")
+            self.cancel()
+            self.server.force_exit = self.server.should_exit = True
+            return
+        drain_s, grace_s = self.drain_s, self.grace_s
+        if isinstance(self.app, ProxyApp):  # read now: a reload may have changed them
+            self.app.draining = True
+            drain_s, grace_s = self.app.config.server.drain_s, self.app.config.server.grace_s
+        # uvicorn's own timeout cancels the request tasks, which it logs as errors with tracebacks; ours closes the
+        # connections first, and uvicorn's stays as a backstop for a task that ignores its client leaving.
+        self.server.config.timeout_graceful_shutdown = grace_s + 5
+        self.task = asyncio.get_running_loop().create_task(self._run(drain_s if drain else 0.0, grace_s))
+
+    async def _run(self, drain_s: float, grace_s: int) -> None:
+        if drain_s > 0:
+            logger.info("d3router: draining: /readyz answers 503, new connections are served for %g s more", drain_s)
+            await asyncio.sleep(drain_s)
+        logger.info("d3router: stopping: new connections are refused, in-flight requests get %d s", grace_s)
+        self.server.should_exit = True
+        await asyncio.sleep(grace_s)
+        connections = list(self.server.server_state.connections)
+        if connections:
+            logger.warning("d3router: grace timeout (%d s): closing %d connections still open", grace_s,
+                           len(connections))  # fmt: skip
+        for connection in connections:
+            if connection.transport is not None:
+                connection.transport.close()
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
 async def _watch(app: ProxyApp, poll_s: float) -> None:
-    """Reload when the configuration file changes (its mtime and size)."""
+    """Reload when the configuration file changes. A Kubernetes ConfigMap volume swaps a `..data` symlink to a new
+    timestamped folder and leaves the file's own mtime and size as they may be, so the stamp also holds the path the
+    symlinks resolve to and the inode they land on."""
     path = app.config.file
 
-    def stamp() -> tuple[float, int] | None:
+    def stamp() -> tuple[str, int, int, int, int] | None:
         try:
-            info = os.stat(path)
+            real = os.path.realpath(path)
+            info = os.stat(real)
         except OSError:
             return None
-        return info.st_mtime, info.st_size
+        return real, info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size
 
     last = stamp()
     while True:
