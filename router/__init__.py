@@ -6,21 +6,40 @@ app.add_middleware(D3RouterMiddleware, config="router.yaml")   # or decisions in
 """
 
 from router._app import ProxyApp, create_app
+from router._calibrate import CalibrationError, Threshold, curve, find_threshold, pick, write_threshold
 from router._engines import build_engine
 from router._middleware import D3RouterMiddleware
+from router._replay import Label, Outcome, TrafficError, TrafficLine, read_traffic, replay
+from router._report import markdown, summarize
+from router._report_html import html_page
 from router._service import D3Decision, RouterService, format_answers
 from router._state import BadChatRequest, DecisionState, MediaRules, extract_state
 
 __all__ = [
     "BadChatRequest",
+    "CalibrationError",
     "D3Decision",
     "D3RouterMiddleware",
     "DecisionState",
+    "Label",
     "MediaRules",
+    "Outcome",
     "ProxyApp",
     "RouterService",
+    "Threshold",
+    "TrafficError",
+    "TrafficLine",
     "build_engine",
     "create_app",
+    "curve",
     "extract_state",
+    "find_threshold",
     "format_answers",
+    "html_page",
+    "markdown",
+    "pick",
+    "read_traffic",
+    "replay",
+    "summarize",
+    "write_threshold",
 ]
