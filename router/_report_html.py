@@ -141,8 +141,9 @@ def _curve(cal: dict[str, Any]) -> str:
         f"<p id=calibration-chosen>{escape(pick)}</p>"
         f"<svg id=calibration width={width} height={height} role=img aria-label='calibration curve'>{axes}"
         f"{''.join(lines)}</svg>"
+        f"<details><summary>all {len(points)} thresholds</summary>"
         f"<table id=calibration-points><tr><th>threshold</th><th>precision</th><th>recall</th><th>F1</th>"
-        f"<th>share</th></tr>{rows}</table>"
+        f"<th>share</th></tr>{rows}</table></details>"
     )
 
 
