@@ -374,6 +374,14 @@ class PolicySpec(Strict):
 class DecisionLogSettings(Strict):
     path: str = Field(description="A JSON-lines file, one line per decided request.")
     include_text: bool = Field(False, description="Also log the decision state (message text). Off by default.")
+    states: bool = Field(
+        False,
+        description="Log what `d3router replay` needs to decide again: the decision state (message text: see the "
+        "README's privacy note), its source and its media counts. Off by default.",
+    )
+    max_state_chars: int = Field(
+        20_000, gt=0, description="With `states`: a longer state is not logged (the line says so), never cut."
+    )
 
 
 class ServerSettings(Strict):

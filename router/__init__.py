@@ -9,8 +9,12 @@ from router._anthropic import MESSAGES, Messages
 from router._apis import CHAT, COMPLETIONS, RESPONSES, Api, Completions, Responses, extract_state
 from router._app import ProxyApp, create_app
 from router._endpoints import API_BY_NAME, API_BY_PATH, APIS, detect
+from router._calibrate import CalibrationError, Threshold, curve, find_threshold, pick, write_threshold
 from router._engines import build_engine
 from router._middleware import D3RouterMiddleware
+from router._replay import Label, Outcome, TrafficError, TrafficLine, read_traffic, replay
+from router._report import markdown, summarize
+from router._report_html import html_page
 from router._service import D3Decision, RouterService, format_answers
 from router._state import BadChatRequest, BadRequest, DecisionState, MediaRules, Turn, build_state
 
@@ -25,20 +29,35 @@ __all__ = [
     "Api",
     "BadChatRequest",
     "BadRequest",
+    "CalibrationError",
     "Completions",
     "D3Decision",
     "D3RouterMiddleware",
     "DecisionState",
+    "Label",
     "MediaRules",
     "Messages",
+    "Outcome",
     "ProxyApp",
     "Responses",
     "RouterService",
+    "Threshold",
+    "TrafficError",
+    "TrafficLine",
     "Turn",
     "build_engine",
     "build_state",
     "create_app",
+    "curve",
     "detect",
     "extract_state",
+    "find_threshold",
     "format_answers",
+    "html_page",
+    "markdown",
+    "pick",
+    "read_traffic",
+    "replay",
+    "summarize",
+    "write_threshold",
 ]

@@ -4,6 +4,8 @@ d3router check FILE      validate a configuration and print a short summary   (e
 d3router test FILE...    run the policy test cases in the files               (exit 0; 1 if any fail; 2 if invalid)
 d3router explain FILE BODY   decide one request body as the router would (no upstream called), print JSON
 d3router schema          print the configuration's JSON Schema, for editors
+d3router replay CONFIG TRAFFIC      decide traffic and report what the policies do    (exit 1: a gate missed)
+d3router calibrate CONFIG TRAFFIC   a rule's threshold from labelled traffic          (exit 1: no threshold fits)
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("directory")
     make.add_argument("--seed", type=int, default=0)
     make.set_defaults(run=_make_model)
+    from router._replaycmd import add_parsers
+
+    add_parsers(commands)
     return parser
 
 

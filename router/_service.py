@@ -218,6 +218,18 @@ class RouterService:
         settings = config.server.decision_log
         if settings is not None and settings.include_text:
             entry["state"] = d3.state.state
+        if settings is not None and settings.states:
+            # What `d3router replay` reads back (router/_replay.py): the state as the engine saw it, never cut,
+            # so that a replay decides on the same text; media are counted, not copied.
+            policy = self.config.policies.get(d3.policy)
+            entry["state_from"] = policy.state.source if policy is not None else None
+            entry["images"], entry["videos"] = len(d3.state.images), len(d3.state.videos)
+            text = d3.state.state
+            size = len(text) if isinstance(text, str) else len(json_bytes(text))
+            if size <= settings.max_state_chars:
+                entry["state"] = text
+            else:
+                entry["state_omitted"] = f"over decision_log.max_state_chars ({settings.max_state_chars})"
         assert self.decision_log is not None  # checked by the caller
         self.decision_log.write(json_bytes(entry).decode() + "\n")
         self.decision_log.flush()
