@@ -8,8 +8,8 @@ app.add_middleware(D3RouterMiddleware, config="router.yaml")   # or decisions in
 from router._anthropic import MESSAGES, Messages
 from router._apis import CHAT, COMPLETIONS, RESPONSES, Api, Completions, Responses, extract_state
 from router._app import ProxyApp, create_app
-from router._endpoints import API_BY_NAME, API_BY_PATH, APIS, detect
 from router._calibrate import CalibrationError, Threshold, curve, find_threshold, pick, write_threshold
+from router._endpoints import API_BY_NAME, API_BY_PATH, APIS, detect
 from router._engines import build_engine
 from router._middleware import D3RouterMiddleware
 from router._replay import Label, Outcome, TrafficError, TrafficLine, read_traffic, replay

@@ -45,7 +45,7 @@ class Forwarder:
         key = (name, upstream.url, upstream.max_connections, upstream.pool_timeout_s)
         pool = self._pools.get(key)
         if pool is None:  # a reload that changes the upstream gets a new pool; the old one closes with the app
-            pool = self._pools[key] = make_transport(upstream.max_connections)
+            pool = self._pools[key] = make_transport(upstream.max_connections, upstream.pool_timeout_s)
         return pool
 
     async def aclose(self) -> None:

@@ -25,8 +25,9 @@ from typing import Any, Literal
 
 from d3backend import Answer, DecisionEngine
 from policies import Config, EvaluationError, Route
+from router._endpoints import detect
 from router._service import D3Decision, RouterService
-from router._state import BadChatRequest, MediaRules, extract_state
+from router._state import BadRequest, MediaRules
 
 MAX_LINE_CHARS = 4 * 1024 * 1024
 _ROLE_PREFIX = re.compile(r"\n\n(?=(?:system|developer|user|assistant|tool|function): )")
@@ -97,8 +98,8 @@ def policy_for(config: Config, line: TrafficLine, fallback: str | None = None) -
 
 
 async def _decide_line(service: RouterService, config: Config, body: Mapping[str, Any], policy: str) -> D3Decision:
-    """The router's decision for `body` under `policy`: the one call to switch to the API adapters."""
-    return await service.decide(config.policies[policy], body)
+    """The router's decision for `body` under `policy`, read by the adapter of the API it is written for."""
+    return await service.decide(config.policies[policy], body, api=detect(dict(body)))
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
@@ -113,7 +114,9 @@ def read_traffic(
         raise TrafficError(f"cannot read the traffic file {path!r}: {getattr(exc, 'strerror', None) or exc}") from None
     lines: list[TrafficLine] = []
     bad: list[BadLine] = []
-    media = MediaRules(frozenset(host.lower() for host in config.server.media_hosts), config.server.max_media_bytes)
+    server = config.server
+    media = MediaRules(frozenset(host.lower() for host in server.media_hosts), server.max_media_bytes,
+                       server.max_media_items)  # fmt: skip
     for number, text in enumerate(texts, start=1):
         if not text.strip():
             continue
@@ -144,14 +147,15 @@ def parse_line(number: int, text: str) -> TrafficLine:
         if unknown:
             raise ValueError(f"unknown key {unknown[0]!r}; a labelled line holds `request` and `expect`")
         if not isinstance(data["request"], dict):
-            raise ValueError("`request` must be a chat request body (an object with `messages`)")
+            raise ValueError("`request` must be a request body (an object with `messages`, `prompt` or `input`)")
         return TrafficLine(number, data["request"], _label(data.get("expect")))
     if "policy" in data and ("state" in data or "state_omitted" in data or "state_from" in data):
         return _log_line(number, data)
-    if "messages" in data:
+    if "messages" in data or "prompt" in data or "input" in data:
         return TrafficLine(number, data)
     raise ValueError(
-        "expected a chat request body (with `messages`), {request, expect}, or a decision log line with `state`"
+        "expected a request body (with `messages`, `prompt` or `input`), {request, expect}, or a decision log line"
+        " with `state`"
     )
 
 
@@ -200,10 +204,11 @@ def _check(line: TrafficLine, config: Config, fallback: str | None, media: Media
     if name is None:
         return  # reported as passed through, not as malformed
     policy = config.policies[name]
+    api = detect(dict(line.body))
     try:
-        extract_state(line.body.get("messages"), policy.state, media)
-    except BadChatRequest as exc:
-        raise ValueError(f"the request is not a valid chat request: {exc.message}") from None
+        api.state(line.body, policy.state, media, lenient=config.server.unknown_parts == "ignore")
+    except BadRequest as exc:
+        raise ValueError(f"the request is not a valid {api.name} request: {exc.message}") from None
     label = line.label
     if label is None:
         return
@@ -253,8 +258,8 @@ async def _one(service: RouterService, config: Config, line: TrafficLine, fallba
         if d3.engine_error is not None:  # retried once: a replay should not judge a policy on a hiccup
             retried = True
             d3 = await _decide_line(service, config, line.body, name)
-    except BadChatRequest as exc:  # a line the other configuration's state settings refuse
-        return Outcome(line, name, error=f"the request is not a valid chat request: {exc.message}")
+    except BadRequest as exc:  # a line the other configuration's state settings refuse
+        return Outcome(line, name, error=f"the request cannot be decided: {exc.message}")
     except EvaluationError as exc:
         return Outcome(line, name, error=str(exc))
     action = d3.decision.action

@@ -166,7 +166,7 @@ async def test_the_router_takes_on_engine_error_and_counts_the_reason() -> None:
     assert d3.decision.rule == "on_engine_error"
     assert d3.action == "block"
     assert d3.engine_error == "question 'jailbreak': the engine's answer has no confidence"
-    assert dict(service.metrics.engine_errors) == {"EngineBadAnswer": 1}
+    assert 'd3router_engine_errors_total{kind="EngineBadAnswer"} 1.0' in service.metrics.render()
 
 
 def test_noul_answer_unchanged_for_valid_input() -> None:

@@ -148,7 +148,7 @@ policies:
                 assert error["message"] == "upstream 'cut' broke off its response: RemoteProtocolError"
                 assert failed.json().get("type") == ("error" if api == "anthropic" else None)
             metrics = httpx.get(f"{proxy.url}/metrics", timeout=5).text
-    assert 'd3router_requests_total{policy="only",rule="default",action="route",status="502"} 2' in metrics
+    assert 'd3router_requests_total{action="route",policy="only",rule="default",status="502"} 2.0' in metrics
     assert not any(record.exc_info for record in caplog.records)
 
 
