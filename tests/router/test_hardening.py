@@ -11,8 +11,10 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -255,3 +257,48 @@ def test_explain_on_the_command_line(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr.decode()
     explained = json.loads(result.stdout)
     assert (explained["api"], explained["state"], explained["decision"]["rule"]) == ("responses", "hi", "default")
+
+
+class Hold:
+    """An upstream that holds each request until the test releases it."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        await read_body(receive, 1 << 20)
+        self.entered.set()
+        while not self.release.is_set():
+            await asyncio.sleep(0.01)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def test_each_upstream_has_its_own_pool_and_a_full_one_is_a_quick_503() -> None:
+    hold = Hold()
+    with Served(hold) as slow, Served(Recorder()) as fast:
+        config = parse_config(f"""
+upstreams:
+  slow: {{url: "{slow.url}/v1", max_connections: 1, pool_timeout_s: 0.2}}
+  fast: {{url: "{fast.url}/v1", max_connections: 1}}
+policies:
+  s: {{rules: [{{name: default, route: slow}}]}}
+  f: {{rules: [{{name: default, route: fast}}]}}
+""")
+        with Served(create_app(config)) as proxy, ThreadPoolExecutor(1) as pool:
+            url = f"{proxy.url}/v1/chat/completions"
+            first = pool.submit(httpx.post, url, json={**CHAT, "model": "s"}, timeout=30)
+            try:
+                assert hold.entered.wait(10)
+                full = httpx.post(url, json={**CHAT, "model": "s"}, timeout=30)
+                other = httpx.post(url, json={**CHAT, "model": "f"}, timeout=30)
+            finally:
+                hold.release.set()
+            assert first.result().status_code == 200
+    assert full.status_code == 503
+    assert full.headers["retry-after"] == "1" and full.headers["x-d3-upstream"] == "slow"
+    assert "upstreams.slow.max_connections" in full.json()["error"]["message"]
+    assert other.status_code == 200  # the other upstream's pool is its own

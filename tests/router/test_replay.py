@@ -223,7 +223,10 @@ def test_conversation_state_is_rebuilt_exactly(tmp_path: Path) -> None:
     ("line", "error"),
     [
         ("[1, 2]", "expected a JSON object, found list"),
-        ('{"hello": 1}', "expected a request body (with `messages`, `prompt` or `input`), {request, expect}, or a decision log line"),
+        (
+            '{"hello": 1}',
+            "expected a request body (with `messages`, `prompt` or `input`), {request, expect}, or a decision log line",
+        ),
         ('{"request": [], "expect": {"rule": "x"}}', "`request` must be a request body"),
         ('{"request": {"model": "auto", "messages": []}, "extra": 1}', "unknown key 'extra'"),
         (
