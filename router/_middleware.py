@@ -7,28 +7,31 @@
     async def chat(request: Request):
         d3 = request.state.d3            # a D3Decision: .decision.action, .decision.rule, .answers, ...
 
-For `POST` to the chat path with a model a policy names, the middleware decides before the app sees the request:
-a block is answered with the OpenAI-shaped error and never reaches the app; otherwise the request goes on, body
-unchanged, with the decision at `request.state.d3` and the `x-d3-*` headers and tags added to the response.
-Every other request passes through untouched. The engine starts with the app's lifespan (or on first use).
+The middleware decides `POST` to the same four paths as the proxy (`/v1/chat/completions`, `/v1/completions`,
+`/v1/responses`, `/v1/messages`; `prefix` moves them) before the app sees the request, and is as strict as the
+proxy there: a body that is not one JSON object with unique keys, too large, or of another content type gets the
+proxy's 4xx in the API's own error shape and never reaches the app; a block is answered with the API's error;
+otherwise the request goes on, body unchanged, with the decision at `request.state.d3` and the `x-d3-*` headers and
+tags added to the response. A model no policy names goes to the app undecided, as the proxy sends it to the
+upstream serving it, unless `server.default_policy` decides it. Every other request passes through untouched.
+The engine starts with the app's lifespan (or on first use).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from d3backend import DecisionEngine, EmbeddedEngine
-from policies import Block, Config, load_config
-from router._engines import build_engine
-from router._http import BodyTooLarge, ClientDisconnected, encode_headers, read_body, send_error
+from d3backend import DecisionEngine
+from policies import API_TITLES, Block, Config, load_config
+from router._endpoints import APIS, read_request
+from router._engines import build_engine, start_engine
+from router._http import ClientDisconnected, encode_headers, send_json
 from router._service import RouterService
-from router._state import BadChatRequest
+from router._state import BadRequest
 
 
 class D3RouterMiddleware:
@@ -38,7 +41,7 @@ class D3RouterMiddleware:
         *,
         config: Config | str | os.PathLike[str],
         engine: DecisionEngine | None = None,
-        path: str = "/v1/chat/completions",
+        prefix: str = "/v1",
     ) -> None:
         self.app = app
         loaded = config if isinstance(config, Config) else load_config(config)
@@ -46,7 +49,7 @@ class D3RouterMiddleware:
         if engine is None and any(policy.questions for policy in loaded.policies.values()):
             engine = build_engine(loaded.engine, base_dir=Path(loaded.file).parent, environ=os.environ)
         self.service = RouterService(loaded, engine)
-        self.path = path
+        self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
         self._started = engine is None
         self._start_lock = asyncio.Lock()
 
@@ -54,43 +57,50 @@ class D3RouterMiddleware:
         if scope["type"] == "lifespan":
             await self.app(scope, self._lifespan_receive(receive), send)
             return
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != self.path:
+        api = self.apis.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if api is None:
             await self.app(scope, receive, send)
             return
+        snapshot = self.service.snapshot
+        config = snapshot.config
         try:
-            raw = await read_body(receive, self.service.config.server.max_body_bytes)
-        except BodyTooLarge as exc:
-            await send_error(send, 413, str(exc), "invalid_request_error")
+            raw, body = await read_request(scope, receive, config.server.max_body_bytes)
+        except BadRequest as exc:
+            await send_json(send, exc.status, api.error(exc.status, exc.message, "invalid_request_error"))
             return
         except ClientDisconnected:
             return  # gone while sending its body: nothing to decide, no one to answer
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):
-            body = None
-        policy = None
-        if isinstance(body, dict) and isinstance(body.get("model"), str):
-            policy = self.service.config.policies.get(body["model"])
+        model = body.get("model")
+        policy = config.policies.get(model) if isinstance(model, str) else None
+        if policy is None and config.server.default_policy is not None:
+            policy = config.policies[config.server.default_policy]
         if policy is None:  # not ours to decide: the app sees the request as it came
             await self.app(scope, _replay(raw, receive), send)
             return
+        if api.name not in policy.apis:
+            message = f"the policy {policy.name!r} does not serve the {API_TITLES[api.name]} API (its `apis`)"
+            await send_json(send, 404, api.error(404, message, "invalid_request_error", "model_not_found", "model"))
+            return
         await self._start()
         try:
-            d3 = await self.service.decide(policy, body)
-        except BadChatRequest as exc:
-            await send_error(send, 400, exc.message, "invalid_request_error", param=exc.param)
+            d3 = await self.service.decide(policy, body, api=api, snapshot=snapshot)
+        except BadRequest as exc:
+            error = api.error(exc.status, exc.message, "invalid_request_error", param=exc.param)
+            await send_json(send, exc.status, error)
             return
         headers = encode_headers(d3.headers())
         action = d3.decision.action
         if isinstance(action, Block):
-            await send_error(send, action.status, action.message, "policy_violation", code=d3.decision.rule,
-                             headers=headers)  # fmt: skip
+            error = api.error(action.status, action.message, "policy_violation", code=d3.decision.rule)
+            await send_json(send, action.status, error, headers)
             return
         scope.setdefault("state", {})["d3"] = d3
+        replaced = {name for name, _ in headers}
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *headers]}
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in replaced]
+                message = {**message, "headers": [*kept, *headers]}
             await send(message)
 
         await self.app(scope, _replay(raw, receive), send_with_headers)
@@ -100,10 +110,7 @@ class D3RouterMiddleware:
             return
         async with self._start_lock:
             if not self._started:
-                engine = self.service.engine
-                inner: Any = getattr(engine, "engine", engine)
-                if isinstance(inner, EmbeddedEngine):
-                    await inner.start()
+                await start_engine(self.service.engine)
                 self._started = True
 
     def _lifespan_receive(self, receive: Receive) -> Receive:
