@@ -52,6 +52,7 @@ def test_values(source: str, expected: bool) -> None:
         ("jailbreak.yes", 0, "expected a condition (true or false), found a number (the probability of jailbreak.yes); compare it, e.g. `jailbreak.yes > 0.5`"),
         ("jailbreak.no", 0, "expected a condition (true or false), found a number (the probability of jailbreak.no); compare it, e.g. `jailbreak.no > 0.5`"),
         ("kind.code", 0, "expected a condition (true or false), found a number (the probability of kind.code); compare it, e.g. `kind.code > 0.5`"),
+        ("difficulty.hard", 0, "expected a condition (true or false), found a number (the probability of difficulty.hard); compare it, e.g. `difficulty.hard > 0.5`"),
         ("k.Big", 0, "expected a condition (true or false), found a number (the probability of k.Big); compare it, e.g. `k.Big > 0.5`"),
         ("jailbreak.confidence", 0, "expected a condition (true or false), found a number (the confidence of 'jailbreak'); compare it, e.g. `jailbreak.confidence > 0.5`"),
         ("kind", 0, "expected a condition (true or false), found a string (the pick of choice 'kind')"),
