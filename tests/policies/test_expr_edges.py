@@ -40,6 +40,7 @@ def error(source: str) -> tuple[int, str]:
         ('kind == "tw\\o words"', False),  # an unknown escape keeps its character: "two words", a known option
         ('k == "a\\tb"', False),  # a known escape is the character it names
         ("k.and > 0.5", False),  # an option named like a keyword
+        ("jailbreak.no > jailbreak.yes", True),  # two questions compared: both sides read the answers
     ],
 )
 def test_values(source: str, expected: bool) -> None:

@@ -86,3 +86,16 @@ def test_file_level_refusals_carry_the_file_and_an_empty_path(tmp_path: Path) ->
         parse_config("[1, 2]", "list.yaml")
     [issue] = caught.value.issues
     assert (issue.file, issue.line, issue.column, issue.path) == ("list.yaml", 1, 1, ())
+
+
+@pytest.mark.parametrize(("options", "accepted"), [(3, True), (4, False)])
+def test_a_choice_may_have_exactly_max_choice_options(options: int, accepted: bool) -> None:
+    criteria = ", ".join(f"o{index}: null" for index in range(options))
+    text = ("upstreams: {small: {url: http://small.test/v1}}\nengine: {max_choice_options: 3}\n"
+            f"policies: {{p: {{questions: {{k: {{type: choice, criteria: {{{criteria}}}}}}},"
+            " rules: [{name: a, when: 'k == \"o0\"', route: small}, {name: default, route: small}]}}\n")  # fmt: skip
+    if accepted:
+        assert len(parse_config(text, "f.yaml").policies["p"].questions["k"].options) == 3  # type: ignore[union-attr]
+    else:
+        with pytest.raises(ConfigError, match="this choice has 4 options; the engine takes at most 3"):
+            parse_config(text, "f.yaml")
