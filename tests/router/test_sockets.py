@@ -4,7 +4,6 @@ upstream request."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import threading
 import time
@@ -22,16 +21,26 @@ from router import create_app
 from router._http import read_body
 
 CHUNKS = 5
-GAP_S = 0.3
+WAIT_S = 10.0  # how long anything here waits for an event that takes milliseconds: a loaded machine is no failure
 
 
 class SlowStreamingUpstream:
-    """An OpenAI-like upstream that streams CHUNKS SSE events GAP_S apart and notes when its client goes away."""
+    """An OpenAI-like upstream that streams CHUNKS SSE events, each only once the client has acknowledged the one
+    before it (`received`), and notes when its client goes away. A proxy that buffered would stall it."""
 
     def __init__(self) -> None:
         self.disconnected = threading.Event()
         self.started = threading.Event()
+        self.received = [threading.Event() for _ in range(CHUNKS)]
+        self.stalled: list[int] = []  # chunks the client had not got WAIT_S after they were sent
         self.sent = 0
+
+    async def _wait_for(self, event: threading.Event) -> bool:
+        """Until `event` or the client's disconnect (polled: these are thread events), or WAIT_S."""
+        deadline = time.monotonic() + WAIT_S
+        while not (event.is_set() or self.disconnected.is_set()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        return event.is_set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,7 +55,7 @@ class SlowStreamingUpstream:
 
         watcher = asyncio.create_task(watch())
         if b"think long" in body:  # a non-streamed answer that takes its time before any header
-            await asyncio.sleep(5)
+            await self._wait_for(self.disconnected)
             watcher.cancel()
             return
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
@@ -62,7 +71,8 @@ class SlowStreamingUpstream:
                     {"type": "http.response.body", "body": f"data: {json.dumps(event)}\n\n".encode(), "more_body": True}
                 )
                 self.sent += 1
-                await asyncio.sleep(GAP_S)
+                if not await self._wait_for(self.received[index]) and not self.disconnected.is_set():
+                    self.stalled.append(index)
             await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
         finally:
             watcher.cancel()
@@ -113,35 +123,39 @@ policies:
 
 
 def test_streamed_chunks_arrive_one_by_one(stack: tuple[Served, SlowStreamingUpstream]) -> None:
-    proxy, _ = stack
-    arrivals: list[float] = []
+    proxy, upstream = stack
+    events: list[str] = []
     body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     with (
-        httpx.Client(timeout=10) as client,
+        httpx.Client(timeout=3 * WAIT_S) as client,
         client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response,
     ):
         assert response.status_code == 200
         assert response.headers["content-type"] == "text/event-stream"
         assert response.headers["x-d3-rule"] == "default"
-        start = time.monotonic()
         for line in response.iter_lines():
             if line.startswith("data: "):
-                arrivals.append(time.monotonic() - start)
-    assert len(arrivals) == CHUNKS + 1
-    gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
-    # Buffering would deliver everything at the end; relayed chunks keep the upstream's pacing.
-    assert all(gap > GAP_S / 2 for gap in gaps), gaps
+                events.append(line)
+                if line != "data: [DONE]":
+                    upstream.received[len(events) - 1].set()  # now the upstream may send the next one
+    assert len(events) == CHUNKS + 1
+    assert [json.loads(line[6:])["choices"][0]["delta"]["content"] for line in events[:-1]] == [
+        f"t{index}" for index in range(CHUNKS)
+    ]
+    # Each chunk reached the client before the upstream sent the next: a buffering proxy would stall every one.
+    assert upstream.stalled == []
 
 
 def test_client_disconnect_closes_the_upstream_request(stack: tuple[Served, SlowStreamingUpstream]) -> None:
     proxy, upstream = stack
     body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     with (
-        httpx.Client(timeout=10) as client,
+        httpx.Client(timeout=WAIT_S) as client,
         client.stream("POST", f"{proxy.url}/v1/chat/completions", json=body) as response,
     ):
-        next(response.iter_lines())  # the first event has arrived; now walk away
-    assert upstream.disconnected.wait(1.0), "the upstream request was still open a second after the client left"
+        next(response.iter_lines())  # the first event has arrived; now walk away without acknowledging it
+    # The upstream waits for an acknowledgement that never comes: only the closed request ends its wait early.
+    assert upstream.disconnected.wait(WAIT_S), "the upstream request was still open after the client left"
     assert upstream.sent < CHUNKS
 
 
@@ -164,4 +178,4 @@ def test_client_disconnect_before_the_answer_closes_the_upstream_request(
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
     assert upstream.started.is_set()
-    assert upstream.disconnected.wait(1.0), "the upstream was still generating a second after the client left"
+    assert upstream.disconnected.wait(WAIT_S), "the upstream was still generating after the client left"

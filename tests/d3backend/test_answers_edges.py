@@ -1,0 +1,81 @@
+"""Answers, the engine's wire and compact JSON at their edges: probabilities of exactly 0 and 1, the pick by
+probability, every usage count, error bodies that are not UTF-8 or not strings. Each test kills mutants mutmut
+found surviving (benchmarks/results/mutation.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from d3backend import Choice, EngineBadResponse, Noul, Question, Score, Usage, answer_from, json_bytes
+from d3backend._wire import MAX_ERROR_MESSAGE, error_message, parse_response
+from tests.d3backend.test_wire import QUESTIONS, response
+
+
+def test_a_boolean_noul_answer_is_certain_either_way() -> None:
+    assert answer_from(Noul(None), True).noul == 1.0
+    assert answer_from(Noul(None), False).noul == 0.0
+
+
+def test_a_mapping_may_give_an_option_probability_zero() -> None:
+    answer = answer_from(Choice(None, {"a": None, "b": None}), {"a": 0.0, "b": 1.0})
+    assert (answer.choice, answer.probabilities) == ("b", {"a": 0.0, "b": 1.0})
+
+
+def test_the_engines_pick_is_the_most_probable_option_not_the_last_name() -> None:
+    questions: dict[str, Question] = {"kind": Choice(None, {"code": None, "chat": None})}
+    body = response(kind={"type": "choice", "choice": "chat", "probabilities": {"code": 0.2, "chat": 0.8},
+                          "confidence": 0.8})  # fmt: skip
+    answers, _, _ = parse_response(json.dumps(body).encode(), questions)
+    assert answers["kind"].choice == "chat"  # type: ignore[union-attr]  # "code" is the greater name
+
+
+def test_probabilities_of_exactly_zero_and_one_are_valid_and_usage_is_read_whole() -> None:
+    body = response(
+        jailbreak={"type": "noul", "noul": 1.0, "probabilities": {"yes": 1.0, "no": 0.0}, "confidence": 1.0},
+        difficulty={"type": "score", "score": 0.0, "probabilities": {"0": 1.0, "1": 0.0, "2": 0.0}, "confidence": 0.9},
+    )
+    body["usage"] = {"input_tokens": 812, "output_tokens": 3}
+    answers, _, usage = parse_response(json.dumps(body).encode(), QUESTIONS)
+    assert answers["jailbreak"].noul == 1.0  # type: ignore[union-attr]
+    assert answers["difficulty"].confidence == 0.9
+    assert answers["difficulty"].probabilities == (1.0, 0.0, 0.0)  # type: ignore[union-attr]
+    assert usage == Usage(812, 3)
+
+
+def test_a_probability_above_one_is_out_of_range_before_the_sum_is_checked() -> None:
+    body = response(jailbreak={"type": "noul", "noul": 1.5, "probabilities": {"yes": 1.5, "no": 0.0},
+                               "confidence": 0.8})  # fmt: skip
+    with pytest.raises(EngineBadResponse, match="probabilities are not all between 0 and 1"):
+        parse_response(json.dumps(body).encode(), QUESTIONS)
+
+
+def test_score_questions_keep_their_levels() -> None:
+    questions: dict[str, Question] = {"d": Score(None, ("a", "b"))}
+    body = response(d={"type": "score", "score": 0.5, "probabilities": {"0": 0.5, "1": 0.5}, "confidence": 0.5})
+    answers, _, _ = parse_response(json.dumps(body).encode(), questions)
+    assert answers["d"].legend == ("a", "b")  # type: ignore[union-attr]
+
+
+def test_json_bytes_is_compact_utf8_and_escapes_only_what_utf8_cannot_carry() -> None:
+    assert json_bytes({"a": "é", "b": [1, 2]}) == '{"a":"é","b":[1,2]}'.encode()
+    assert json_bytes({"a": "\ud800", "b": [1, 2]}) == b'{"a":"\\ud800","b":[1,2]}'
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (b"\xffbad gateway", "\ufffdbad gateway"),  # not UTF-8: read with replacement, never an exception
+        (b'{"detail": {"code": 7}}', '{"code": 7}'),  # a detail without a message: the detail itself
+        (b'{"message": ["caf\xc3\xa9"]}', '["café"]'),  # a message that is not a string: its JSON, unescaped
+    ],
+)
+def test_error_messages_whatever_the_body(raw: bytes, expected: str) -> None:
+    assert error_message(502, raw) == expected
+
+
+def test_an_error_message_of_exactly_the_limit_is_kept_whole() -> None:
+    text = "x" * MAX_ERROR_MESSAGE
+    assert error_message(500, text.encode()) == text
+    assert error_message(500, (text + "y").encode()) == "x" * (MAX_ERROR_MESSAGE - 3) + "..."
