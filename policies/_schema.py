@@ -416,18 +416,6 @@ class ServerSettings(Strict):
         16, ge=0, description="Images and videos one request may hand to the engine; more get 413."
     )
 
-    @field_validator("passthrough")
-    @classmethod
-    def _paths(cls, paths: list[str]) -> list[str]:
-        for path in paths:
-            segments = path.rstrip("*").split("/")
-            if not _PASSTHROUGH_PATH.match(path) or any(seg in (".", "..") for seg in segments):
-                raise PydanticCustomError(
-                    "path",
-                    "expected a path under /v1/ (a trailing * matches the rest), found {p}",
-                    {"p": repr(path)},
-                )
-        return paths
     drain_s: float = Field(
         5.0,
         ge=0,
@@ -440,6 +428,19 @@ class ServerSettings(Strict):
         description="After the drain, in-flight requests and streams get this many seconds to finish before they are "
         "cut and the process exits (Kubernetes: terminationGracePeriodSeconds >= drain_s + grace_s).",
     )
+
+    @field_validator("passthrough")
+    @classmethod
+    def _paths(cls, paths: list[str]) -> list[str]:
+        for path in paths:
+            segments = path.rstrip("*").split("/")
+            if not _PASSTHROUGH_PATH.match(path) or any(seg in (".", "..") for seg in segments):
+                raise PydanticCustomError(
+                    "path",
+                    "expected a path under /v1/ (a trailing * matches the rest), found {p}",
+                    {"p": repr(path)},
+                )
+        return paths
 
     @field_validator("admin_token_env")
     @classmethod

@@ -18,6 +18,7 @@ from router import ProxyApp, create_app
 pytestmark = pytest.mark.anyio
 
 CONFIG = """
+server: {passthrough: ["/v1/*"]}
 upstreams:
   plain: {url: http://plain.test/v1}
   named: {url: http://named.test/v1, model: named}

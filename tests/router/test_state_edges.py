@@ -71,7 +71,7 @@ def test_a_refused_item_does_not_stop_the_items_after_it() -> None:
              {"type": "image_url", "image_url": {"url": PNG}}, {"type": "video_url", "video_url": {"url": MP4}}]  # fmt: skip
     result = state([{"role": "user", "content": parts}])
     assert (result.images, result.videos) == ((PNG,), (MP4,))
-    assert result.dropped == ("image_url without a url", "scheme ftp not allowed")
+    assert result.dropped == ("image without a url", "scheme ftp not allowed")
 
 
 @pytest.mark.parametrize(
