@@ -14,7 +14,7 @@ from typing import Any
 
 from router._apis import Api
 from router._http import Headers
-from router._state import BadRequest, Content, Turn, kind_of, need_list, need_object, need_str
+from router._state import BadRequest, Content, Turn, json_text, kind_of, need_list, need_object, need_str
 
 # Anthropic's error types by status (https://docs.anthropic.com/en/api/errors).
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -32,6 +32,11 @@ class Messages(Api):
         turns = []
         system = body.get("system")
         if system is not None:
+            for index, block in enumerate(system if isinstance(system, list) else ()):
+                kind = block.get("type") if isinstance(block, dict) else None
+                if isinstance(kind, str) and kind != "text":  # an image here would never be vetted nor judged
+                    raise BadRequest(f"system[{index}] has type {kind!r}; `system` takes text blocks only",
+                                     f"system[{index}].type")  # fmt: skip
             _, (text, _) = self.blocks(system, "system", content, role="system")[0]
             turns.append(Turn("system", text))
         messages = body.get("messages")
@@ -77,7 +82,7 @@ class Messages(Api):
                     media.append(("image", url))
             elif kind == "tool_use":
                 name = need_str(block.get("name"), f"{at}.name")
-                texts.append(f"[tool call] {name}({json.dumps(block.get('input'), ensure_ascii=False)})")
+                texts.append(f"[tool call] {name}({json_text(block.get('input'), f'{at}.input')})")
             elif kind == "tool_result" and role == "user":
                 inner = block.get("content")
                 pieces = self.blocks("" if inner is None else inner, f"{at}.content", content, "tool")
@@ -99,13 +104,15 @@ def _image(source: Any, where: str, content: Content) -> str:
     """An image block's source as a URL the media rules vet: a data URL for base64, the URL itself for `url`."""
     source = need_object(source, where, "an object with a `type` (base64 or url)")
     kind = source.get("type")
+    if not isinstance(kind, str):
+        raise BadRequest(f"{where}.type must be base64 or url, found {kind_of(kind)}", f"{where}.type")
     if kind == "base64":
         media_type = need_str(source.get("media_type"), f"{where}.media_type")
         data = need_str(source.get("data"), f"{where}.data")
         return f"data:{media_type};base64,{data}"
     if kind == "url":
         return need_str(source.get("url"), f"{where}.url")
-    content.unreadable(str(kind), where)  # e.g. a file id: nothing the engine can be handed
+    content.unreadable(kind, where)  # e.g. a file id: nothing the engine can be handed
     return ""
 
 

@@ -7,12 +7,13 @@
 
 An adapter owns the body's shape (its turns, text parts, images, tool calls and results), the model and parameter
 rewrite (`policies.param_path`), the upstream path, the key header and the error body. The proxy, the decision,
-fallbacks, metrics and logs never ask which API they serve. The Anthropic Messages adapter is in `_messages.py`.
+fallbacks, metrics and logs never ask which API they serve. The Anthropic Messages adapter is in `_anthropic.py`.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
+import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ from router._state import (
     MediaRules,
     Turn,
     build_state,
+    json_text,
     kind_of,
     need_list,
     need_object,
@@ -99,7 +101,10 @@ class Api:
                 changed[path[0]] = {**(holder if isinstance(holder, dict) else {}), path[1]: value}
         if model is not None:
             changed["model"] = model
-        return json_bytes(changed)
+        try:
+            return json_bytes(changed)
+        except RecursionError:  # parsed just within the recursion limit, a few frames up: a fresh stack has room
+            return _on_fresh_stack(changed)
 
 
 class Completions(Api):
@@ -116,6 +121,8 @@ class Completions(Api):
         prompts = [prompt] if isinstance(prompt, str) else prompt
         if not isinstance(prompts, list):
             raise BadRequest(f"`prompt` must be a string or a list of strings, found {kind_of(prompt)}", "prompt")
+        if not prompts:
+            raise BadRequest("`prompt` is empty; expected a string or at least one string", "prompt")
         texts = []
         for index, item in enumerate(prompts):
             if isinstance(item, str):
@@ -180,6 +187,22 @@ class Responses(Api):
         return turns
 
 
+def _on_fresh_stack(body: Mapping[str, Any]) -> bytes:
+    """`json_bytes(body)` in a new thread, whose stack starts empty: only for bodies nested near the limit."""
+    encoded: list[bytes] = []
+
+    def encode() -> None:
+        with contextlib.suppress(RecursionError):  # deeper than a parser could have read: a library caller's
+            encoded.append(json_bytes(body))
+
+    thread = threading.Thread(target=encode, name="d3-rewrite")
+    thread.start()
+    thread.join()
+    if not encoded:
+        raise BadRequest("the request body is nested too deeply to be forwarded")
+    return encoded[0]
+
+
 def parts(value: Any, where: str, content: Content) -> tuple[str, tuple[tuple[str, str], ...]]:
     """An OpenAI content value (a string or a list of parts) as its text and its media."""
     if value is None:
@@ -204,7 +227,13 @@ def parts(value: Any, where: str, content: Content) -> tuple[str, tuple[tuple[st
             media.append((kind.removesuffix("_url"), url if isinstance(url, str) else ""))
         elif kind == "input_image" and isinstance(part.get("image_url"), str):
             media.append(("image", part["image_url"]))
-        else:  # audio, files, images by file id, and types this router does not know
+        elif kind == "input_image" and part.get("file_id") is not None:
+            content.unreadable(kind, at, "is an image by file_id (send its image_url instead)")
+        elif kind == "input_image":
+            url = part.get("image_url")
+            raise BadRequest(f"{at}.image_url must be a string (an https or data URL), found {kind_of(url)}",
+                             f"{at}.image_url")  # fmt: skip
+        else:  # audio, files, and types this router does not know
             content.unreadable(kind, at)
     return "\n".join(texts), tuple(media)
 
@@ -215,18 +244,18 @@ def _tool_calls(message: Mapping[str, Any], where: str) -> list[str]:
     legacy = message.get("function_call")
     found = []
     # The assistant's own calls, rendered where well-formed: the upstream judges their shape.
-    for call in need_list(calls, f"{where}.tool_calls", "a list") if calls is not None else ():
+    for index, call in enumerate(need_list(calls, f"{where}.tool_calls", "a list") if calls is not None else ()):
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
-            found.append(_call_text(function))
+            found.append(_call_text(function, f"{where}.tool_calls[{index}].function"))
     if isinstance(legacy, dict):
-        found.append(_call_text(legacy))
+        found.append(_call_text(legacy, f"{where}.function_call"))
     return found
 
 
-def _call_text(function: Mapping[str, Any]) -> str:
+def _call_text(function: Mapping[str, Any], where: str) -> str:
     arguments = function.get("arguments", "")
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    text = arguments if isinstance(arguments, str) else json_text(arguments, f"{where}.arguments")
     return f"[tool call] {function.get('name')}({text})"
 
 

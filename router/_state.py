@@ -14,6 +14,7 @@ them itself); anything else is dropped and counted, never silently.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -106,15 +107,25 @@ class Content:
         self.lenient = lenient
         self.ignored = 0
 
-    def unreadable(self, kind: str, where: str) -> None:
-        """A part the router cannot read: refused (400, the default) or left out and counted."""
+    def unreadable(self, kind: str, where: str, what: str | None = None) -> None:
+        """A part the router cannot read: refused (400, the default) or left out and counted. `what` says what
+        the part is where its type alone would mislead (`is an image by file_id`)."""
         if not self.lenient:
             raise BadRequest(
-                f"{where} has type {kind!r}, which d3-router cannot read for its decision; send text, images or"
-                " videos, or set server.unknown_parts: ignore to leave such parts out of the decision",
+                f"{where} {what or f'has type {kind!r}'}, which d3-router cannot read for its decision; send text,"
+                " images or videos, or set server.unknown_parts: ignore to leave such parts out of the decision",
                 f"{where}.type",
             )
         self.ignored += 1
+
+
+def json_text(value: Any, where: str) -> str:
+    """A JSON value as text (a tool call's arguments); `BadRequest` if it is nested too deeply to write out again
+    (a body the parser just accepted can be, a few stack frames further down)."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except RecursionError:
+        raise BadRequest(f"{where} is nested too deeply to be read for the decision", where) from None
 
 
 def need_str(value: Any, where: str) -> str:
