@@ -47,7 +47,9 @@ def test_probabilities_of_exactly_zero_and_one_are_valid_and_usage_is_read_whole
 def test_a_probability_above_one_is_out_of_range_before_the_sum_is_checked() -> None:
     body = response(jailbreak={"type": "noul", "noul": 1.5, "probabilities": {"yes": 1.5, "no": 0.0},
                                "confidence": 0.8})  # fmt: skip
-    with pytest.raises(EngineBadResponse, match=r"the engine's probability of 'yes' is 1.5; expected a number from 0 to 1"):
+    with pytest.raises(
+        EngineBadResponse, match=r"the engine's probability of 'yes' is 1.5; expected a number from 0 to 1"
+    ):
         parse_response(json.dumps(body).encode(), QUESTIONS)
 
 
