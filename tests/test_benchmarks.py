@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
+import httpx
+import openai
 import pytest
 
+from benchmarks._answers import ANSWERS
+from d3backend import free_port
 from tests.conftest import require_vllm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,3 +67,57 @@ def test_soak_small() -> None:
                                cwd=REPO, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert "| 2000 |" in completed.stdout
+
+
+@pytest.fixture
+def canned_upstream() -> Iterator[str]:
+    """benchmarks._upstream on a free port, until the test ends."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks._upstream", str(port)], cwd=REPO)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.post(f"{url}/chat/completions", content=b"{}", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the canned upstream did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_canned_upstream_speaks_each_api_as_its_sdk_reads_it(canned_upstream: str) -> None:
+    """The official SDKs read the canned Responses and Messages answers, plain and streamed, into typed objects:
+    the benchmark's upstream answers in the shapes and event formats a real one does."""
+    openai_client = openai.OpenAI(base_url=canned_upstream, api_key="x", max_retries=0)
+    response = openai_client.responses.create(model="m", input="hi")
+    assert (response.status, response.output_text) == ("completed", "ok")
+    events = list(openai_client.responses.create(model="m", input="hi", stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]  # fmt: skip
+    assert kinds.count("response.output_text.delta") == 5 and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].response.output_text == "t0t1t2t3t4"  # type: ignore[union-attr]
+
+    anthropic_client = anthropic.Anthropic(base_url=canned_upstream.removesuffix("/v1"), api_key="x", max_retries=0)
+    message = anthropic_client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert (message.stop_reason, message.content[0].text) == ("end_turn", "ok")  # type: ignore[union-attr]
+    with anthropic_client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:
+        kinds = [event.type for event in s]
+        final = s.get_final_message()
+    assert kinds[:2] == ["message_start", "content_block_start"] and kinds[-1] == "message_stop"
+    assert "content_block_stop" in kinds and "message_delta" in kinds
+    assert (final.content[0].text, final.stop_reason) == ("t0t1t2t3t4", "end_turn")  # type: ignore[union-attr]
+
+
+def test_every_api_streams_in_as_many_chunks_as_chat() -> None:
+    """Like for like: each API's stream is relayed in as many chunks as chat's, carrying the same deltas."""
+    chunks = {path: stream for path, (_, stream) in ANSWERS.items()}
+    assert {len(stream) for stream in chunks.values()} == {6}
+    for stream in chunks.values():
+        assert [sum(b'"t%d"' % i in chunk for i in range(5)) for chunk in stream] == [1, 1, 1, 1, 1, 0]
