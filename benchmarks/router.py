@@ -143,15 +143,16 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def interleaved(targets: list[Target], levels: tuple[int, ...], requests: int, rounds: int) -> list[dict[str, Any]]:
     """Load every target at each concurrency in turns, `rounds` times, so that the machine's drift (10-40% between
-    minutes here) falls on all of them alike; each row merges its rounds."""
+    minutes here) falls on all of them alike; each round starts one target further, so that none always follows
+    the same one. Each row merges its rounds."""
     rows = []
     for concurrency in levels:
         merged: dict[str, dict[str, Any]] = {
             t.name: {"latency_ms": [], "ttfb_ms": [], "gaps_ms": [], "errors": [], "elapsed_s": 0.0, "cpu_s": 0.0}
             for t in targets
         }
-        for _ in range(rounds):
-            for target in targets:
+        for turn in range(rounds):
+            for target in targets[turn % len(targets) :] + targets[: turn % len(targets)]:  # each leads in turn
                 before = cpu_seconds(target.pids())
                 result = load(target.url, concurrency, max(requests // rounds, 1), stream=target.stream,
                               body=target.body)  # fmt: skip

@@ -55,10 +55,24 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
     rows = payload["rows"]
     assert {row["target"] for row in rows} >= {"direct", "pass-through, httpx pool", "d3router cache hit"}  # type: ignore[union-attr,index]
     assert all(row["errors"] == 0 for row in rows)  # type: ignore[union-attr,index]
+    for name in ("responses cache hit", "messages cache hit", "stream, responses cache hit",
+                 "stream, messages cache hit"):  # fmt: skip
+        ratios = [row["rps vs chat"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
+        assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # c=1 and 8, each set against chat
     extra = json.loads((tmp_path / "router-extra.json").read_text())
     assert extra["streaming"]["d3router"]["errors"] == 0
     calls = extra["engine_calls"]["d3router fake engine 10 ms"]
     assert calls["engine_calls"] == calls["decided_requests"] > 0  # one engine call per uncached request
+    assert set(extra["vs chat"]) == {"responses cache hit", "messages cache hit", "stream, responses cache hit",
+                                     "stream, messages cache hit"}  # fmt: skip
+    assert "- responses cache hit vs chat at c=1/8" in (tmp_path / "router.md").read_text()
+
+
+def test_router_benchmark_only_picks_an_api_with_chat_to_compare(tmp_path: Path) -> None:
+    payload = run("benchmarks.router", tmp_path, "--no-engine", "--only", "messages")
+    targets = {row["target"] for row in payload["rows"]}  # type: ignore[union-attr,index]
+    assert targets == {"direct", "d3router cache hit", "messages cache hit", "stream, direct",
+                       "stream, d3router cache hit", "stream, messages cache hit"}  # fmt: skip
 
 
 def test_soak_small() -> None:
@@ -108,10 +122,10 @@ def test_canned_upstream_speaks_each_api_as_its_sdk_reads_it(canned_upstream: st
     message = anthropic_client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
     assert (message.stop_reason, message.content[0].text) == ("end_turn", "ok")  # type: ignore[union-attr]
     with anthropic_client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:
-        kinds = [event.type for event in s]
+        message_kinds: list[str] = [event.type for event in s]
         final = s.get_final_message()
-    assert kinds[:2] == ["message_start", "content_block_start"] and kinds[-1] == "message_stop"
-    assert "content_block_stop" in kinds and "message_delta" in kinds
+    assert message_kinds[:2] == ["message_start", "content_block_start"] and message_kinds[-1] == "message_stop"
+    assert "content_block_stop" in message_kinds and "message_delta" in message_kinds
     assert (final.content[0].text, final.stop_reason) == ("t0t1t2t3t4", "end_turn")  # type: ignore[union-attr]
 
 
