@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -238,7 +239,9 @@ def main() -> None:
     summary = extra["vs chat"] = vs_chat(rows)
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "added p50 ms",
                "CPU ms/req", "peak RSS MB", "rps vs chat", "CPU vs chat"]  # fmt: skip
-    table = write("router", rows, columns, f"python -m benchmarks.router --rounds {rounds}", args.results)
+    command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
+    command += " --no-engine" * args.no_engine + "".join(f" --only {shlex.quote(part)}" for part in args.only)
+    table = write("router", rows, columns, command, args.results)
     if summary:
         table += "\n" + "\n".join(f"- {line}" for line in summary.values()) + "\n"
         (args.results / "router.md").write_text(table, encoding="utf-8")
