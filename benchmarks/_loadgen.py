@@ -16,6 +16,8 @@ import json
 import time
 from urllib.parse import urlsplit
 
+PROMPT = "Write a Python function that adds two numbers."
+
 
 async def _read_response(reader: asyncio.StreamReader, chunk_times: list[float] | None) -> tuple[int, float]:
     """Read one response; return its status and the time its first body byte arrived."""
@@ -116,7 +118,7 @@ async def run(
         {
             "model": model,
             "stream": stream,
-            "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+            "messages": [{"role": "user", "content": PROMPT}],
         }
     )
     request = (

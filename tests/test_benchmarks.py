@@ -5,10 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
+import httpx
+import openai
 import pytest
 
+from benchmarks._answers import ANSWERS
+from d3backend import free_port
 from tests.conftest import require_vllm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,10 +55,24 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
     rows = payload["rows"]
     assert {row["target"] for row in rows} >= {"direct", "pass-through, httpx pool", "d3router cache hit"}  # type: ignore[union-attr,index]
     assert all(row["errors"] == 0 for row in rows)  # type: ignore[union-attr,index]
+    for name in ("responses cache hit", "messages cache hit", "stream, responses cache hit",
+                 "stream, messages cache hit"):  # fmt: skip
+        ratios = [row["rps vs chat"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
+        assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # c=1 and 8, each set against chat
     extra = json.loads((tmp_path / "router-extra.json").read_text())
     assert extra["streaming"]["d3router"]["errors"] == 0
     calls = extra["engine_calls"]["d3router fake engine 10 ms"]
     assert calls["engine_calls"] == calls["decided_requests"] > 0  # one engine call per uncached request
+    assert set(extra["vs chat"]) == {"responses cache hit", "messages cache hit", "stream, responses cache hit",
+                                     "stream, messages cache hit"}  # fmt: skip
+    assert "- responses cache hit vs chat at c=1/8" in (tmp_path / "router.md").read_text()
+
+
+def test_router_benchmark_only_picks_an_api_with_chat_to_compare(tmp_path: Path) -> None:
+    payload = run("benchmarks.router", tmp_path, "--no-engine", "--only", "messages")
+    targets = {row["target"] for row in payload["rows"]}  # type: ignore[union-attr,index]
+    assert targets == {"direct", "d3router cache hit", "messages cache hit", "stream, direct",
+                       "stream, d3router cache hit", "stream, messages cache hit"}  # fmt: skip
 
 
 def test_soak_small(tmp_path: Path) -> None:
@@ -61,3 +82,57 @@ def test_soak_small(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     assert "| 2000 |" in completed.stdout
     assert "| 2000 |" in (tmp_path / "soak.md").read_text()  # the figures went to this test's own folder
+
+
+@pytest.fixture
+def canned_upstream() -> Iterator[str]:
+    """benchmarks._upstream on a free port, until the test ends."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks._upstream", str(port)], cwd=REPO)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.post(f"{url}/chat/completions", content=b"{}", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline and proc.poll() is None, "the canned upstream did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_canned_upstream_speaks_each_api_as_its_sdk_reads_it(canned_upstream: str) -> None:
+    """The official SDKs read the canned Responses and Messages answers, plain and streamed, into typed objects:
+    the benchmark's upstream answers in the shapes and event formats a real one does."""
+    openai_client = openai.OpenAI(base_url=canned_upstream, api_key="x", max_retries=0)
+    response = openai_client.responses.create(model="m", input="hi")
+    assert (response.status, response.output_text) == ("completed", "ok")
+    events = list(openai_client.responses.create(model="m", input="hi", stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]  # fmt: skip
+    assert kinds.count("response.output_text.delta") == 5 and kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].response.output_text == "t0t1t2t3t4"  # type: ignore[union-attr]
+
+    anthropic_client = anthropic.Anthropic(base_url=canned_upstream.removesuffix("/v1"), api_key="x", max_retries=0)
+    message = anthropic_client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert (message.stop_reason, message.content[0].text) == ("end_turn", "ok")  # type: ignore[union-attr]
+    with anthropic_client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:
+        message_kinds: list[str] = [event.type for event in s]
+        final = s.get_final_message()
+    assert message_kinds[:2] == ["message_start", "content_block_start"] and message_kinds[-1] == "message_stop"
+    assert "content_block_stop" in message_kinds and "message_delta" in message_kinds
+    assert (final.content[0].text, final.stop_reason) == ("t0t1t2t3t4", "end_turn")  # type: ignore[union-attr]
+
+
+def test_every_api_streams_in_as_many_chunks_as_chat() -> None:
+    """Like for like: each API's stream is relayed in as many chunks as chat's, carrying the same deltas."""
+    chunks = {path: stream for path, (_, stream) in ANSWERS.items()}
+    assert {len(stream) for stream in chunks.values()} == {6}
+    for stream in chunks.values():
+        assert [sum(b'"t%d"' % i in chunk for i in range(5)) for chunk in stream] == [1, 1, 1, 1, 1, 0]
