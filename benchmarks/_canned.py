@@ -18,6 +18,7 @@ BODY = json.dumps({
         "kind": {"type": "choice", "choice": "code", "probabilities": {"code": 0.8, "math": 0.1, "chat": 0.1},
                  "confidence": 0.8},
         "jailbreak": {"type": "noul", "noul": 0.1, "probabilities": {"yes": 0.1, "no": 0.9}, "confidence": 0.9},
+        "injection": {"type": "noul", "noul": 0.1, "probabilities": {"yes": 0.1, "no": 0.9}, "confidence": 0.9},
         "difficulty": {"type": "score", "score": 1.5,
                        "legend": {"0": "trivial", "1": "easy", "2": "hard", "3": "expert"},
                        "probabilities": {"0": 0.1, "1": 0.4, "2": 0.4, "3": 0.1}, "confidence": 0.4},

@@ -148,6 +148,7 @@ class _Compiler:
                     f"rule {rule_spec.name!r} is unreachable: rule {terminal!r} before it always ends the walk",
                 )
             condition = None
+            names: frozenset[str] = frozenset()
             if rule_spec.when is not None:
                 try:
                     condition, names = compile_condition(rule_spec.when, declared)
@@ -158,7 +159,7 @@ class _Compiler:
             self.params(rule_spec, spec.apis, rule_path)
             if rule_spec.when is None and action is not None and terminal is None:
                 terminal = rule_spec.name
-            rules.append(Rule(rule_spec.name, rule_spec.when, condition, action, rule_spec.tag, rule_spec.set_))
+            rules.append(Rule(rule_spec.name, rule_spec.when, condition, action, rule_spec.tag, rule_spec.set_, names))
         last = spec.rules[-1]
         if last.when is not None or last.route is None:
             self.issue(
@@ -185,6 +186,7 @@ class _Compiler:
             StateSettings(spec.state.from_, spec.state.max_chars),
             unused,
             frozenset(spec.apis),
+            spec.ask,
         )
 
     def params(self, spec: ActionSpec, apis: Sequence[str], path: Path) -> None:

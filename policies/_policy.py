@@ -11,7 +11,7 @@ last rule is an unconditional route, so every walk ends with a `Decision`:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -57,6 +57,7 @@ class Rule:
     action: Action | None
     tags: Mapping[str, str]
     params: Mapping[str, Any]
+    reads: frozenset[str] = frozenset()  # the questions its condition reads
     # The two trace steps this rule can add, built once: evaluation only picks one.
     matched: Step = field(init=False, repr=False, compare=False)
     missed: Step = field(init=False, repr=False, compare=False)
@@ -99,13 +100,42 @@ class Policy:
     state: StateSettings
     unused_questions: tuple[str, ...] = ()
     apis: frozenset[str] = frozenset(APIS)  # the client APIs it decides
+    ask: Literal["together", "staged"] = "together"
+    # The engine calls, in order, whose questions partition `questions`: one for `together`; for `staged`, the
+    # questions of the rules up to the first that can route or block, then the rest (see `staging`).
+    stages: tuple[Mapping[str, Question], ...] = field(init=False, repr=False, compare=False, default=())
+
+    def __post_init__(self) -> None:
+        stages = staging(self.rules, self.questions) if self.ask == "staged" else (self.questions,)
+        object.__setattr__(self, "stages", tuple(stage for stage in stages if stage))
 
     def evaluate(self, answers: Mapping[str, Answer]) -> Decision:
         """Walk the rules over `answers`; raise `EvaluationError` if a condition reads a missing answer."""
+        decision = self._walk(answers, partial=False)
+        assert decision is not None  # a full walk ends or raises
+        return decision
+
+    def walk(self, answers: Mapping[str, Answer]) -> Decision | None:
+        """Walk the rules over the answers asked so far; None when a rule reads a question not yet answered, before
+        any rule ended the walk (ask the next stage, then walk again).
+
+        Exactly `evaluate` whenever it decides: a rule is only ever evaluated with every answer it reads, so the
+        rules it walks match, miss, tag and set as they would with every answer, and the walk ends at the same rule.
+
+            >>> policy.walk({"jailbreak": NoulAnswer(0.97)}).rule        # doctest: +SKIP
+            'refuse-jailbreak'
+            >>> policy.walk({"jailbreak": NoulAnswer(0.01)}) is None       # doctest: +SKIP
+            True
+        """
+        return self._walk(answers, partial=True)
+
+    def _walk(self, answers: Mapping[str, Answer], *, partial: bool) -> Decision | None:
         tags: dict[str, str] = {}
         params: dict[str, Any] = {}
         trace: list[Step] = []
         for rule in self.rules:
+            if partial and not rule.reads <= answers.keys():
+                return None
             if rule.condition is not None:
                 try:
                     matched = bool(rule.condition(answers))
@@ -139,3 +169,22 @@ class Policy:
             (Step(rule.name, None, True),),
             degraded=True,
         )
+
+
+def staging(rules: Sequence[Rule], questions: Mapping[str, Question]) -> tuple[Mapping[str, Question], ...]:
+    """The stages of `ask: staged`: the questions read by the rules up to and including the first that can end the
+    walk (a conditional route or block: typically the guard), then every other question. Each stage keeps the
+    declaration order; a stage may be empty (the caller drops it).
+
+    A question of the second stage is read only by rules after that first one, so a walk that ends there never
+    needs it; one that goes on pauses at the first rule reading it, and every question left is read from there on.
+    """
+    first: set[str] = set()
+    for rule in rules:
+        first |= rule.reads
+        if rule.action is not None:
+            break
+    return (
+        {qid: q for qid, q in questions.items() if qid in first},
+        {qid: q for qid, q in questions.items() if qid not in first},
+    )

@@ -350,6 +350,12 @@ class PolicySpec(Strict):
         "Rules may `set` only parameters that every one of them takes.",
     )
     state: StateSpec = StateSpec()
+    ask: Literal["together", "staged"] = Field(
+        "together",
+        description="`together`: one engine call with every question. `staged`: first the questions of the rules "
+        "up to the first one that can route or block (the guard), the rest only when the walk has not ended there; "
+        "same decisions, fewer questions for requests the guard decides.",
+    )
     on_engine_error: EngineErrorSpec | None = Field(
         None, description="What to do when the engine fails; defaults to the policy's default route."
     )

@@ -14,10 +14,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from d3backend import Answer, ChoiceAnswer, DecisionEngine, EngineError, NoulAnswer, ScoreAnswer, json_bytes
+from d3backend import (
+    Answer,
+    ChoiceAnswer,
+    DecisionEngine,
+    EngineError,
+    NoulAnswer,
+    Question,
+    ScoreAnswer,
+    json_bytes,
+)
 from policies import Block, Config, Decision, Policy, Route
 from router._apis import CHAT, Api
-from router._metrics import Metrics
+from router._metrics import Counts, Metrics
 from router._state import BadRequest, DecisionState, MediaRules
 
 logger = logging.getLogger(__name__)
@@ -34,6 +43,9 @@ class D3Decision:
     decision_ms: float
     cached: bool
     engine_error: str | None = None
+    # `ask: staged`: the questions the walk ended without (never asked), and the engine calls made (1 or 2).
+    skipped: tuple[str, ...] = ()
+    engine_calls: int = 0
 
     @property
     def action(self) -> str:
@@ -53,6 +65,8 @@ class D3Decision:
             headers.append(("x-d3-upstream", upstream))
         if self.answers:
             headers.append(("x-d3-answers", format_answers(self.answers)))
+        if self.skipped:
+            headers.append(("x-d3-skipped", ",".join(self.skipped)))
         if decision.degraded:
             headers.append(("x-d3-degraded", "engine-error"))
         if self.state.truncated:
@@ -76,6 +90,9 @@ class D3Decision:
             "media_dropped": list(self.state.dropped),
             "parts_ignored": self.state.ignored,
             "answers": {qid: _answer_json(answer) for qid, answer in self.answers.items()},
+            "asked": list(self.answers),
+            "skipped": list(self.skipped),
+            "engine_calls": self.engine_calls,
             "decision": {
                 "rule": self.decision.rule,
                 "action": action.kind,
@@ -117,6 +134,18 @@ class RouterService:
         self.engine = engine
         self.metrics = metrics or Metrics()
         self.decision_log = decision_log
+        # The engine's work: what `ask: staged` saves shows here (calls through the cache, hits included).
+        self.engine_calls: Counts[str] = self.metrics.counter(
+            "d3router_engine_calls", "Decision engine calls (through the cache, hits included), by policy.", ("policy",)
+        )
+        self.questions_asked: Counts[str] = self.metrics.counter(
+            "d3router_questions_asked", "Questions asked of the decision engine, by policy.", ("policy",)
+        )
+        self.questions_skipped: Counts[str] = self.metrics.counter(
+            "d3router_questions_skipped",
+            "Questions not asked because the walk ended without them (ask: staged), by policy.",
+            ("policy",),
+        )
 
     @property
     def config(self) -> Config:
@@ -153,6 +182,8 @@ class RouterService:
         answers: Mapping[str, Answer] = {}
         cached = False
         error: str | None = None
+        skipped: tuple[str, ...] = ()
+        calls = [0]  # the engine calls made, failed ones included
         if not policy.questions:
             decision = policy.evaluate({})
         elif self.engine is None:
@@ -160,10 +191,8 @@ class RouterService:
             decision = policy.engine_failed()
         else:
             try:
-                async with asyncio.timeout(timeout_s):  # no task, unlike wait_for
-                    decided = await self.engine.decide(
-                        state.state, policy.questions, images=state.images, videos=state.videos
-                    )
+                async with asyncio.timeout(timeout_s):  # no task, unlike wait_for; one budget for every stage
+                    decision, answers, cached = await self._ask(self.engine, policy, state, calls)
             except EngineError as exc:
                 error = str(exc)
                 self.metrics.engine_errors[type(exc).__name__] += 1
@@ -173,17 +202,49 @@ class RouterService:
                 self.metrics.engine_errors["DecisionTimeout"] += 1
                 decision = policy.engine_failed()
             else:
-                answers, cached = decided.answers, decided.cached
-                self.metrics.cache["hit" if cached else "miss"] += 1
-                decision = policy.evaluate(answers)
+                if len(answers) < len(policy.questions):
+                    skipped = tuple(qid for qid in policy.questions if qid not in answers)
+                    self.questions_skipped[policy.name] += len(skipped)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         self.metrics.decision_seconds[policy.name].observe(elapsed_ms / 1000.0)
         if error is not None:
             logger.warning("policy %r: the engine failed (%s); %s decides", policy.name, error, decision.rule)
-        d3 = D3Decision(policy.name, decision, answers, state, elapsed_ms, cached, error)
+        d3 = D3Decision(policy.name, decision, answers, state, elapsed_ms, cached, error, skipped, calls[0])
         if self.decision_log is not None:
             self._log(d3, request_id, snapshot.config)
         return d3
+
+    async def _ask(
+        self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int]
+    ) -> tuple[Decision, Mapping[str, Answer], bool]:
+        """Ask the policy's stages in turn until the walk ends (`ask: together` has one stage, `staged` two: the
+        guard's questions, then the rest only when the guard did not end the walk); count each call in `calls` as
+        it starts (a failed one too). Return the decision, the answers asked and whether every call was a cache
+        hit. Each stage is its own engine call, so a cache in front of the engine keeps each under its own key
+        (state and that stage's questions): a repeated request finds both, and single-flight joins each."""
+        if len(policy.stages) == 1:  # together: the one call, as before
+            self._count(policy, policy.questions, calls)
+            decided = await engine.decide(state.state, policy.questions, images=state.images, videos=state.videos)
+            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            return policy.evaluate(decided.answers), decided.answers, decided.cached
+        answers: dict[str, Answer] = {}
+        cached = True
+        for stage in policy.stages:
+            self._count(policy, stage, calls)
+            decided = await engine.decide(state.state, stage, images=state.images, videos=state.videos)
+            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            cached = cached and decided.cached
+            answers.update(decided.answers)
+            decision = policy.walk(answers)
+            if decision is not None:
+                return decision, answers, cached
+        # Unreachable: the last stage completes the answers, and a walk with every answer ends.
+        return policy.evaluate(answers), answers, cached
+
+    def _count(self, policy: Policy, questions: Mapping[str, Question], calls: list[int]) -> None:
+        calls[0] += 1
+        self.engine_calls[policy.name] += 1
+        self.questions_asked[policy.name] += len(questions)
 
     async def explain(self, body: Mapping[str, Any], api: Api = CHAT) -> dict[str, Any]:
         """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides."""
@@ -201,6 +262,7 @@ class RouterService:
         payload = d3.explain()
         payload["api"] = api.name
         payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
+        payload["ask"] = policy.ask
         return payload
 
     def _log(self, d3: D3Decision, request_id: str, config: Config) -> None:
@@ -215,6 +277,8 @@ class RouterService:
             "cached": d3.cached,
             "degraded": d3.decision.degraded,
         }
+        if d3.skipped:
+            entry["skipped"] = list(d3.skipped)
         settings = config.server.decision_log
         if settings is not None and settings.include_text:
             entry["state"] = d3.state.state
