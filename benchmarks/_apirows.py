@@ -48,9 +48,11 @@ def vs_chat(rows: list[dict[str, Any]]) -> dict[str, str]:
         chat = by_name.get((row["target"].replace(api_of(row["target"]) + " cache hit", CHAT_ROW), row["concurrency"]))
         if api_of(row["target"]) == "chat" or chat is None:
             continue
+        if not chat["rps"] or not chat["p50 ms"]:
+            continue  # a quick run too short to measure chat: nothing to compare with
         row["rps vs chat"] = row["rps"] / chat["rps"]
         row["p50 vs chat"] = row["p50 ms"] / chat["p50 ms"]
-        if "CPU ms/req" in row and "CPU ms/req" in chat:
+        if row.get("CPU ms/req") and chat.get("CPU ms/req"):  # a short run may read no CPU time at all
             row["CPU vs chat"] = row["CPU ms/req"] / chat["CPU ms/req"]
         found.setdefault(row["target"], []).append(
             (row["concurrency"], row["rps vs chat"], row["p50 vs chat"], row.get("CPU vs chat", float("nan")))
