@@ -112,6 +112,10 @@ class _Compiler:
             if policy is not None:
                 policies[name] = policy
                 tests.extend(self.tests(policy, policy_spec, declared, path))
+        for name, spec in self.spec.policies.items():
+            if spec.shadow is not None and (spec.shadow == name or spec.shadow not in self.spec.policies):
+                others = ", ".join(repr(other) for other in self.spec.policies if other != name) or "none"
+                self.issue(("policies", name, "shadow"), f"the shadow must be another policy; expected one of {others}")
         default = self.spec.server.default_policy
         if default is not None and default not in self.spec.policies:
             known = ", ".join(map(repr, self.spec.policies)) or "none"
@@ -187,6 +191,7 @@ class _Compiler:
             unused,
             frozenset(spec.apis),
             spec.ask,
+            spec.shadow,
         )
 
     def params(self, spec: ActionSpec, apis: Sequence[str], path: Path) -> None:

@@ -101,6 +101,7 @@ class Policy:
     unused_questions: tuple[str, ...] = ()
     apis: frozenset[str] = frozenset(APIS)  # the client APIs it decides
     ask: Literal["together", "staged"] = "together"
+    shadow: str | None = None  # a policy evaluated beside this one, never acted on
     # The engine calls, in order, whose questions partition `questions`: one for `together`; for `staged`, the
     # questions of the rules up to the first that can route or block, then the rest (see `staging`).
     stages: tuple[Mapping[str, Question], ...] = field(init=False, repr=False, compare=False, default=())

@@ -359,6 +359,11 @@ class PolicySpec(Strict):
     on_engine_error: EngineErrorSpec | None = Field(
         None, description="What to do when the engine fails; defaults to the policy's default route."
     )
+    shadow: str | None = Field(
+        None,
+        description="Another policy evaluated on the same requests and answers but never acted on: /metrics counts "
+        "where the two agree and the decision log records both. Promote it by editing and reloading.",
+    )
     questions: dict[str, QuestionSpec] = Field(default_factory=dict, max_length=MAX_QUESTIONS)
     rules: list[RuleSpec] = Field(min_length=1)
     tests: list[TestCaseSpec] = Field(default_factory=list)

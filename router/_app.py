@@ -176,6 +176,7 @@ class ProxyApp:
         for task in self._background:
             if hasattr(task, "cancel"):
                 task.cancel()
+        await self.service.aclose()
         if self._owns_engine and self.service.engine is not None:
             await self.service.engine.aclose()
         await self.forwarder.aclose()

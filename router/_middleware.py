@@ -118,8 +118,10 @@ class D3RouterMiddleware:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 await self._start()
-            elif message["type"] == "lifespan.shutdown" and self._owns_engine and self.service.engine is not None:
-                await self.service.engine.aclose()
+            elif message["type"] == "lifespan.shutdown":
+                await self.service.aclose()
+                if self._owns_engine and self.service.engine is not None:
+                    await self.service.engine.aclose()
             return message
 
         return wrapped

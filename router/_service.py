@@ -8,6 +8,7 @@ d3.decision.action, d3.headers(upstream="large")
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping
@@ -46,6 +47,9 @@ class D3Decision:
     # `ask: staged`: the questions the walk ended without (never asked), and the engine calls made (1 or 2).
     skipped: tuple[str, ...] = ()
     engine_calls: int = 0
+    # `shadow: NAME`: that policy's decision on the same answers, never acted on (None when it has none, or when
+    # it needed questions this request did not ask: then it is decided after the response, see RouterService).
+    shadow: Decision | None = None
 
     @property
     def action(self) -> str:
@@ -103,6 +107,7 @@ class D3Decision:
                 "degraded": self.decision.degraded,
                 "trace": [{"rule": s.rule, "when": s.when, "matched": s.matched} for s in self.decision.trace],
             },
+            "shadow": None if self.shadow is None else _decision_json(self.shadow, agrees(self.decision, self.shadow)),
             "engine_error": self.engine_error,
             "decision_ms": round(self.decision_ms, 3),
             "cached": self.cached,
@@ -141,6 +146,17 @@ class RouterService:
         self.questions_asked: Counts[str] = self.metrics.counter(
             "d3router_questions_asked", "Questions asked of the decision engine, by policy.", ("policy",)
         )
+        self.shadow_decisions: Counts[tuple[str, str, str, str, str]] = self.metrics.counter(
+            "d3router_shadow_decisions",
+            "Shadow policies' decisions beside the live ones, by rule pair and whether their actions agree.",
+            ("policy", "rule", "shadow", "shadow_rule", "agree"),
+        )
+        self.shadow_engine_calls: Counts[str] = self.metrics.counter(
+            "d3router_shadow_engine_calls",
+            "Engine calls made for a shadow policy's own questions (none when the live policy asked them), by shadow.",
+            ("shadow",),
+        )
+        self._shadow_tasks: set[asyncio.Task[None]] = set()
         self.questions_skipped: Counts[str] = self.metrics.counter(
             "d3router_questions_skipped",
             "Questions not asked because the walk ended without them (ask: staged), by policy.",
@@ -210,9 +226,67 @@ class RouterService:
         if error is not None:
             logger.warning("policy %r: the engine failed (%s); %s decides", policy.name, error, decision.rule)
         d3 = D3Decision(policy.name, decision, answers, state, elapsed_ms, cached, error, skipped, calls[0])
+        if policy.shadow is not None and error is None:
+            d3 = self._shadow(d3, snapshot, request_id)
         if self.decision_log is not None:
             self._log(d3, request_id, snapshot.config)
         return d3
+
+    # --- shadow policies ------------------------------------------------------------------------------------------
+    def _shadow(self, d3: D3Decision, snapshot: Snapshot, request_id: str) -> D3Decision:
+        """Evaluate the live policy's shadow on the same answers; never acted on. With every question it reads asked
+        already (the same ids and the same questions), it costs no engine call and goes in `d3.shadow`; otherwise
+        its own questions are asked after the response, in the background (bounded), and logged on a line of its
+        own, so the live request never waits for a shadow."""
+        config = snapshot.config
+        policy = config.policies[d3.policy]
+        shadow = config.policies.get(policy.shadow or "")
+        if shadow is None:
+            return d3
+        live = policy.questions
+        missing = {qid: q for qid, q in shadow.questions.items() if qid not in d3.answers or live.get(qid) != q}
+        if not missing:
+            decision = shadow.evaluate(d3.answers)
+            self._agree(d3, decision)
+            return dataclasses.replace(d3, shadow=decision)
+        if self.engine is not None and len(self._shadow_tasks) < MAX_SHADOW_TASKS:
+            task = asyncio.get_running_loop().create_task(self._shadow_later(d3, shadow, missing, snapshot, request_id))
+            self._shadow_tasks.add(task)
+            task.add_done_callback(self._shadow_tasks.discard)
+        return d3
+
+    async def _shadow_later(
+        self, d3: D3Decision, shadow: Policy, missing: Mapping[str, Question], snapshot: Snapshot, request_id: str
+    ) -> None:
+        assert self.engine is not None  # checked by the caller
+        state = d3.state
+        self.shadow_engine_calls[shadow.name] += 1
+        try:
+            async with asyncio.timeout(snapshot.config.server.decision_timeout_s):
+                decided = await self.engine.decide(state.state, missing, images=state.images, videos=state.videos)
+        except (EngineError, TimeoutError) as exc:
+            logger.info("shadow policy %r: the engine failed (%s); not compared", shadow.name, exc)
+            return
+        answers = {**{qid: a for qid, a in d3.answers.items() if qid not in missing}, **decided.answers}
+        decision = shadow.evaluate(answers)
+        self._agree(d3, decision)
+        if self.decision_log is not None:
+            shadowed = _decision_json(decision, agrees(d3.decision, decision))
+            entry = {"time": round(time.time(), 3), "request_id": request_id, "policy": d3.policy,
+                     "rule": d3.decision.rule, "shadow": shadowed}  # fmt: skip
+            self.decision_log.write(json_bytes(entry).decode() + "\n")
+            self.decision_log.flush()
+
+    def _agree(self, d3: D3Decision, decision: Decision) -> None:
+        agree = "yes" if agrees(d3.decision, decision) else "no"
+        self.shadow_decisions[(d3.policy, d3.decision.rule, decision.policy, decision.rule, agree)] += 1
+
+    async def aclose(self) -> None:
+        """Wait for the shadow decisions still being asked (the app's shutdown), cancelling them."""
+        tasks = list(self._shadow_tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _ask(
         self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int]
@@ -279,6 +353,8 @@ class RouterService:
         }
         if d3.skipped:
             entry["skipped"] = list(d3.skipped)
+        if d3.shadow is not None:
+            entry["shadow"] = _decision_json(d3.shadow, agrees(d3.decision, d3.shadow))
         settings = config.server.decision_log
         if settings is not None and settings.include_text:
             entry["state"] = d3.state.state
@@ -297,6 +373,23 @@ class RouterService:
         assert self.decision_log is not None  # checked by the caller
         self.decision_log.write(json_bytes(entry).decode() + "\n")
         self.decision_log.flush()
+
+
+MAX_SHADOW_TASKS = 64  # shadow decisions asked in the background at once; more are not compared (never queued)
+
+
+def agrees(live: Decision, shadow: Decision) -> bool:
+    """Whether two decisions do the same: route to the same upstreams, or block with the same status."""
+    a, b = live.action, shadow.action
+    if isinstance(a, Route) and isinstance(b, Route):
+        return a.upstreams == b.upstreams
+    return isinstance(a, Block) and isinstance(b, Block) and a.status == b.status
+
+
+def _decision_json(decision: Decision, agree: bool) -> dict[str, Any]:
+    action = decision.action
+    target = {"upstreams": list(action.upstreams)} if isinstance(action, Route) else {"status": action.status}
+    return {"policy": decision.policy, "rule": decision.rule, "action": action.kind, **target, "agrees": agree}
 
 
 def format_answers(answers: Mapping[str, Answer]) -> str:
