@@ -84,7 +84,7 @@ class Decision(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class StateSettings:
-    source: Literal["last_user", "conversation", "json"]
+    source: Literal["last_user", "new", "conversation", "json"]
     max_chars: int
 
 

@@ -315,8 +315,11 @@ class RuleSpec(ActionSpec):
 
 
 class StateSpec(Strict):
-    from_: Literal["last_user", "conversation", "json"] = Field(
-        "last_user", alias="from", description="What the engine reads: the last user turn, a transcript, or JSON."
+    from_: Literal["last_user", "new", "conversation", "json"] = Field(
+        "last_user",
+        alias="from",
+        description="What the engine reads: the last user turn; what is new since the assistant last spoke (its tool "
+        "calls, then the user's words and tool results after them: for agents); a transcript; or JSON.",
     )
     max_chars: int = Field(6000, gt=0, description="State budget; oldest text is cut first, and said so.")
 

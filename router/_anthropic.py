@@ -37,8 +37,7 @@ class Messages(Api):
                 if isinstance(kind, str) and kind != "text":  # an image here would never be vetted nor judged
                     raise BadRequest(f"system[{index}] has type {kind!r}; `system` takes text blocks only",
                                      f"system[{index}].type")  # fmt: skip
-            _, (text, _) = self.blocks(system, "system", content, role="system")[0]
-            turns.append(Turn("system", text))
+            turns.append(Turn("system", self.blocks(system, "system", content, role="system")[0].text))
         messages = body.get("messages")
         if messages is None:
             raise BadRequest("`messages` is missing; expected a list of messages", "messages")
@@ -51,20 +50,20 @@ class Messages(Api):
             role = message.get("role")
             if role not in ("user", "assistant"):
                 raise BadRequest(f"{where}.role must be one of assistant, user", f"{where}.role")
-            for piece_role, (text, media) in self.blocks(message.get("content"), f"{where}.content", content, role):
-                turns.append(Turn(piece_role, text, media))
+            turns.extend(self.blocks(message.get("content"), f"{where}.content", content, role))
         return turns
 
-    def blocks(self, value: Any, where: str, content: Content, role: str
-               ) -> list[tuple[str, tuple[str, tuple[tuple[str, str], ...]]]]:  # fmt: skip
-        """Content blocks as (role, (text, media)) turns: tool results become turns of their own (role `tool`)."""
+    def blocks(self, value: Any, where: str, content: Content, role: str) -> list[Turn]:
+        """Content blocks as turns: tool results become turns of their own (role `tool`), before the message's own
+        text; `tool_use` blocks are the turn's tool calls."""
         if isinstance(value, str):
-            return [(role, (value, ()))]
+            return [Turn(role, value)]
         if not isinstance(value, list):
             raise BadRequest(f"{where} must be a string or a list of content blocks, found {kind_of(value)}", where)
         texts: list[str] = []
         media: list[tuple[str, str]] = []
-        results: list[tuple[str, tuple[str, tuple[tuple[str, str], ...]]]] = []
+        calls: list[str] = []
+        results: list[Turn] = []
         for index, block in enumerate(value):
             at = f"{where}[{index}]"
             if not isinstance(block, dict) or not isinstance(block.get("type"), str):
@@ -82,14 +81,16 @@ class Messages(Api):
                     media.append(("image", url))
             elif kind == "tool_use":
                 name = need_str(block.get("name"), f"{at}.name")
-                texts.append(f"[tool call] {name}({json_text(block.get('input'), f'{at}.input')})")
+                calls.append(f"[tool call] {name}({json_text(block.get('input'), f'{at}.input')})")
             elif kind == "tool_result" and role == "user":
                 inner = block.get("content")
                 pieces = self.blocks("" if inner is None else inner, f"{at}.content", content, "tool")
                 results.extend(pieces)
             else:  # documents, server tools' results, and types this router does not know
                 content.unreadable(kind, at)
-        return [*results, (role, ("\n".join(texts), tuple(media)))] if texts or media or not results else results
+        if texts or media or calls or not results:
+            return [*results, Turn(role, "\n".join(texts), tuple(media), tuple(calls))]
+        return results
 
     def error(self, status: int, message: str, type_: str, code: str | int | None = None, param: str | None = None
               ) -> bytes:  # fmt: skip

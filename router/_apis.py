@@ -72,10 +72,8 @@ class Api:
             if not isinstance(role, str) or role not in CHAT_ROLES:
                 raise BadRequest(f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}", f"{where}.role")
             text, media = parts(message.get("content"), f"{where}.content", content)
-            calls = _tool_calls(message, where)
-            if calls:
-                text = "\n".join(filter(None, [text, *calls]))
-            turns.append(Turn("tool" if role == "function" else role, text, media))
+            calls = tuple(_tool_calls(message, where))
+            turns.append(Turn("tool" if role == "function" else role, text, media, calls))
         return turns
 
     def error(self, status: int, message: str, type_: str, code: str | int | None = None, param: str | None = None
@@ -168,9 +166,8 @@ class Responses(Api):
             elif kind in ("function_call", "custom_tool_call"):
                 name = need_str(item.get("name"), f"{where}.name")
                 field = "arguments" if kind == "function_call" else "input"
-                turns.append(
-                    Turn("assistant", f"[tool call] {name}({need_str(item.get(field, ''), f'{where}.{field}')})")
-                )
+                arguments = need_str(item.get(field, ""), f"{where}.{field}")
+                turns.append(Turn("assistant", "", (), (f"[tool call] {name}({arguments})",)))
             elif kind in ("function_call_output", "custom_tool_call_output"):
                 text, media = parts(item.get("output"), f"{where}.output", content)
                 turns.append(Turn("tool", text, media))

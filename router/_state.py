@@ -53,6 +53,12 @@ class Turn:
     role: str  # system, developer, user, assistant or tool
     text: str
     media: tuple[tuple[str, str], ...] = ()  # ("image" | "video", url)
+    calls: tuple[str, ...] = ()  # the assistant's tool calls, each `[tool call] name(arguments)`
+
+    @property
+    def shown(self) -> str:
+        """The turn as the decision reads it: its text, then its tool calls, a line each."""
+        return "\n".join([self.text, *self.calls]) if self.text else "\n".join(self.calls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,8 @@ def build_state(
     if settings.source == "last_user":
         users = [turn for turn in turns if turn.role == "user"]
         chosen = users[-1:] if users else turns[-1:]
+    elif settings.source == "new":
+        chosen = since_assistant(turns)
     else:
         chosen = turns
     count = sum(len(turn.media) for turn in chosen)
@@ -81,21 +89,37 @@ def build_state(
             " (server.max_media_items)",
             status=413,
         )
-    texts = [turn.text for turn in chosen]
+    texts = [turn.shown for turn in chosen]
     images, videos, dropped = _media(chosen, media)
     budget = settings.max_chars
     if settings.source == "json":
         kept, cut = _budget(texts, budget)
         roles = [turn.role for turn in chosen][len(chosen) - len(kept) :]
         state: JSONValue = [{"role": role, "content": text} for role, text in zip(roles, kept, strict=True)]
-    elif settings.source == "conversation":
-        lines = [f"{turn.role}: {turn.text}" for turn in chosen]
+    elif settings.source in ("conversation", "new"):
+        lines = [f"{turn.role}: {turn.shown}" for turn in chosen]
         kept, cut = _budget(lines, budget, separator=2)
         state = "\n\n".join(kept)
     else:
         kept, cut = _budget(texts, budget)
         state = kept[0] if kept else ""
     return DecisionState(state, tuple(images), tuple(videos), cut, tuple(dropped), ignored)
+
+
+def since_assistant(turns: list[Turn]) -> list[Turn]:
+    """What is new since the assistant last spoke: the tool calls of its last turn (what it is about to act on) and
+    every turn after it but system prompts (the user's words, tool results, fetched content). An agent loop's new
+    input, which `last_user` would miss: there the last user turn is the task given many turns ago."""
+    last = len(turns) - 1
+    while last >= 0 and turns[last].role != "assistant":
+        last -= 1
+    first = last
+    while first > 0 and turns[first - 1].role == "assistant" and not turns[first - 1].text:
+        first -= 1  # parallel tool calls come as several assistant items (Responses API)
+    calls = tuple(call for turn in turns[max(first, 0) : last + 1] for call in turn.calls) if last >= 0 else ()
+    after = [turn for turn in turns[last + 1 :] if turn.role not in ("system", "developer")]
+    chosen = ([Turn("assistant", "", (), calls)] if calls else []) + after
+    return chosen or turns[-1:]
 
 
 class Content:

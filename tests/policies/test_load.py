@@ -243,7 +243,7 @@ INVALID = [
     ),
     pytest.param(
         "{HEAD}    state: {from: everything}\n    rules:\n      - {name: default, route: small}\n",
-        "c.yaml:6:13: policies.auto.state.from: expected one of 'last_user', 'conversation' or 'json', found 'everything'",
+        "c.yaml:6:13: policies.auto.state.from: expected one of 'last_user', 'new', 'conversation' or 'json', found 'everything'",
         id="state from",
     ),
     pytest.param(
