@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from d3backend import Noul, RemoteEngine, free_port
 from policies import parse_config
 from router import create_app
+from router._cli import main
 from router._metrics import Metrics
 from tests.router.test_faults import Upstream
 from tests.router.test_sockets import Served
@@ -284,3 +285,17 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_check_shows_urls_without_credentials(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "router.yaml"
+    config.write_text(
+        'engine: {remote: {urls: ["http://alice:hunter2@d3-a:8000", "http://d3-b:8000"]}}\n'
+        'upstreams: {chat: {url: "https://bob:s3cret@llm.example/v1"}}\n'
+        "policies: {auto: {rules: [{name: default, route: chat}]}}\n",
+        encoding="utf-8",
+    )
+    assert main(["check", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "engine: remote http://d3-a:8000, http://d3-b:8000 (" in out and "chat (https://llm.example/v1)" in out
+    assert not {"alice", "hunter2", "bob", "s3cret"} & set(out.replace("/", " ").replace(":", " ").split())
