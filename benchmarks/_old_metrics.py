@@ -39,6 +39,12 @@ class Metrics:
     def request(self, policy: str, rule: str, action: str, status: int) -> None:
         self.requests[(policy, rule, action, str(status))] += 1
 
+    def engine_pool(self, engine: object) -> None:
+        """The per engine URL series came later (issue 14.5): not shown here."""
+
+    def follow_engine_pool(self, engine: object) -> None:
+        """Nothing to follow (see `engine_pool`)."""
+
     def render(self) -> str:
         lines: list[str] = []
         _counter(lines, "d3router_requests_total", "Chat requests by policy, rule, action and status.",

@@ -22,7 +22,7 @@ from d3backend._errors import (
 from d3backend._fake import FakeEngine
 from d3backend._http import make_client, make_transport, outbound_request
 from d3backend._protocol import DecisionEngine
-from d3backend._remote import RemoteEngine
+from d3backend._remote import RemoteEngine, UrlStats, redact_url
 from d3backend._server import ServerError, VllmServer, free_port
 from d3backend._tinymodel import make_model
 from d3backend._types import (
@@ -73,6 +73,7 @@ __all__ = [
     "Score",
     "ScoreAnswer",
     "ServerError",
+    "UrlStats",
     "Usage",
     "VllmServer",
     "answer_from",
@@ -83,4 +84,5 @@ __all__ = [
     "make_model",
     "make_transport",
     "outbound_request",
+    "redact_url",
 ]

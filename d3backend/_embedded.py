@@ -86,6 +86,7 @@ class EmbeddedEngine(Closing):
             raise
         self._stack = stack
         self._remote = RemoteEngine([_BASE_URL], model=self.model, timeout_s=self._timeout_s, transport=transport)
+        stack.push_async_callback(self._remote.aclose)  # first out: its probing task, should one run
         logger.info("the embedded vLLM engine serves %s", self.model)
 
     async def decide(

@@ -131,6 +131,7 @@ class ProxyApp:
             await start_engine(self.service.engine)
             await self.check_engine()
         self._background = [hook() for hook in self.on_startup]
+        self._background.append(self.service.metrics.follow_engine_pool(self.service.engine))
 
     def _open_decision_log(self, reopen: bool = False) -> None:
         """Open the configured decision log (a path relative to the configuration file's folder, as model paths
@@ -357,6 +358,7 @@ class ProxyApp:
         engine = self.service.engine
         if isinstance(engine, CachedEngine):
             self.service.metrics.cache_entries = engine.stats.size
+        self.service.metrics.engine_pool(engine)
         await send_bytes(send, 200, self.service.metrics.render().encode(), [], b"text/plain; version=0.0.4")
 
     async def admin_reload(self, scope: Scope, receive: Receive, send: Send) -> None:

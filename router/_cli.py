@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from d3backend import make_model
+from d3backend import make_model, redact_url
 from policies import Block, Config, ConfigError, ConfigSpec, Route, load_config, run_test
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
@@ -111,7 +111,7 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_INVALID
     engine = config.engine
     if engine.remote is not None:
-        where = f"remote {', '.join(engine.remote.urls)}"
+        where = f"remote {', '.join(redact_url(url) for url in engine.remote.urls)}"
     else:
         where = f"embedded {(engine.embedded.model if engine.embedded else 'vllm-sr/d3-mini')}"
     cache = "no cache"
@@ -119,7 +119,9 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         cache = f"cache {engine.cache.max_entries} entries, {engine.cache.ttl_s:g} s"
     print(f"{config.file}: valid", file=out)
     print(f"  engine: {where} ({cache})", file=out)
-    print("  upstreams: " + ", ".join(f"{name} ({up.url})" for name, up in config.upstreams.items()), file=out)
+    print(
+        "  upstreams: " + ", ".join(f"{name} ({redact_url(up.url)})" for name, up in config.upstreams.items()), file=out
+    )
     for name, policy in config.policies.items():
         asked = ", ".join(policy.questions) or "none"
         tests = sum(1 for test in config.tests if test.policy == name)

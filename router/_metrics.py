@@ -12,6 +12,14 @@ answers reads `/proc` for every process of the router, the supervisor and the pr
 each series with its `pid` (`sum(rate(process_cpu_seconds_total[1m]))` is the router's CPU either way; a
 restarted worker is a new series, not a counter that goes back).
 
+Engine URLs (a remote engine's pool, `RemoteEngine.pool_stats()`): read at each scrape and shown as
+`d3router_engine_url_in_flight{url}` and `d3router_engine_url_healthy{url}` (gauges), and
+`d3router_engine_url_requests_total{url,result}` (`ok`: answered, refusals included; `error`: connection, timeout, 5xx
+or 429), `d3router_engine_url_ejections_total{url}` and `d3router_engine_url_probes_total{url,result}`. The URLs
+carry no credentials. Each process has its own pool: with several workers, in-flight calls are summed over the live
+workers (`livesum`), health is each worker's own view (`liveall`, one series per `pid`), counters are totals; each
+worker writes its share every second (`follow_engine_pool`), whichever worker answers the scrape.
+
 The call sites keep the plain shape they had: `metrics.engine_errors[kind] += 1`,
 `metrics.decision_seconds[policy].observe(s)`, `metrics.cache_entries = n`; `metrics.counter(...)` makes a new
 counter family of the same shape.
@@ -19,6 +27,7 @@ counter family of the same shape.
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 from collections.abc import Callable, Hashable, Iterable
@@ -28,6 +37,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
+
+from d3backend import CachedEngine, DecisionEngine, RemoteEngine, UrlStats
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -116,6 +127,7 @@ class Metrics:
         self._request_series: _Series[tuple[str, str, str, str], Counter] = _Series(
             lambda key: self._requests.labels(*key)
         )
+        self._pool: _Pool | None = None  # made when a remote engine is first shown
         self.multiprocess = self._dir is not None
         self.process = ProcessCollector(registry=None)
         self._shown = CollectorRegistry(auto_describe=False)
@@ -144,6 +156,30 @@ class Metrics:
         self._cache_entries = entries
         self._cache_gauge.set(entries)
 
+    def engine_pool(self, engine: DecisionEngine | None) -> None:
+        """Take the per-URL state of a remote engine, behind the cache or not, for the next render (no-op for
+        other engines)."""
+        inner = engine.engine if isinstance(engine, CachedEngine) else engine
+        if isinstance(inner, RemoteEngine):
+            if self._pool is None:
+                self._pool = _Pool(self._own)
+            self._pool.update(inner.pool_stats())
+
+    def follow_engine_pool(self, engine: DecisionEngine | None, every_s: float = 1.0) -> asyncio.Task[None] | None:
+        """With several workers, a task on the running loop that takes the engine's per-URL state every `every_s`
+        (the caller cancels it), so that each worker's share is fresh whichever worker answers a scrape; None with
+        one process (the scrape takes it) or without a remote engine."""
+        inner = engine.engine if isinstance(engine, CachedEngine) else engine
+        if self._dir is None or not isinstance(inner, RemoteEngine):
+            return None
+
+        async def follow(remote: RemoteEngine) -> None:
+            while True:
+                self.engine_pool(remote)
+                await asyncio.sleep(every_s)
+
+        return asyncio.get_running_loop().create_task(follow(inner))
+
     def render(self) -> str:
         return generate_latest(self._shown).decode()
 
@@ -160,6 +196,42 @@ class Metrics:
         names = [family.name for family in families]
         names.insert(self._cache_entries_at, "d3router_decision_cache_entries")
         return [merged[name] for name in names if name in merged]
+
+
+class _Pool:
+    """The engine URL families; counters follow the engine's own totals (each scrape adds what grew since)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.in_flight = Gauge("d3router_engine_url_in_flight", "Decision engine calls in flight, by engine URL.",
+                               ("url",), registry=registry, multiprocess_mode="livesum")  # fmt: skip
+        self.healthy = Gauge("d3router_engine_url_healthy",
+                             "1 while the engine URL is in rotation, 0 while it is ejected (awaiting a probe).",
+                             ("url",), registry=registry, multiprocess_mode="liveall")  # fmt: skip
+        self.requests = Counter("d3router_engine_url_requests", "Decision engine calls by engine URL and result.",
+                                ("url", "result"), registry=registry)  # fmt: skip
+        self.ejections = Counter("d3router_engine_url_ejections", "Times an engine URL was taken out of rotation.",
+                                 ("url",), registry=registry)  # fmt: skip
+        self.probes = Counter("d3router_engine_url_probes", "Probes of ejected engine URLs, by engine URL and result.",
+                              ("url", "result"), registry=registry)  # fmt: skip
+        self._seen: dict[tuple[int, tuple[str, ...]], int] = {}
+
+    def update(self, pool: Iterable[UrlStats]) -> None:
+        for url in pool:
+            self.in_flight.labels(url.url).set(url.in_flight)
+            self.healthy.labels(url.url).set(1 if url.healthy else 0)
+            self._grow(self.requests, (url.url, "ok"), url.requests - url.failures - url.in_flight)
+            self._grow(self.requests, (url.url, "error"), url.failures)
+            self._grow(self.ejections, (url.url,), url.ejections)
+            self._grow(self.probes, (url.url, "ok"), url.probes - url.probe_failures)
+            self._grow(self.probes, (url.url, "error"), url.probe_failures)
+
+    def _grow(self, counter: Counter, labels: tuple[str, ...], total: int) -> None:
+        key = (id(counter), labels)
+        child = counter.labels(*labels)  # made at 0, so that a rate() starts from the first scrape
+        grown = total - self._seen.get(key, 0)
+        if grown > 0:
+            child.inc(grown)
+            self._seen[key] = total
 
 
 class _Exposed(Collector):

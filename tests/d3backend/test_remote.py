@@ -256,7 +256,7 @@ async def test_d3_answers_with_255_options_images_videos_and_joint_null(mock: re
     assert len(decided.answers["big"].probabilities) == 255  # type: ignore[union-attr]
 
 
-async def test_a_url_failing_twice_is_set_aside_then_retried_after_the_backoff(mock: respx.MockRouter) -> None:
+async def test_a_url_failing_twice_is_set_aside_until_a_probe_brings_it_back(mock: respx.MockRouter) -> None:
     a = mock.post(f"{A}/v1/systemone").mock(side_effect=httpx.ConnectError("refused"))
     b = mock.post(f"{B}/v1/systemone").mock(return_value=ok())
     async with engine(A, B, backoff_s=0.2) as remote:
@@ -264,12 +264,16 @@ async def test_a_url_failing_twice_is_set_aside_then_retried_after_the_backoff(m
             await remote.decide("x", QUESTIONS)
         assert a.call_count == 2  # two failures, then set aside
         assert b.call_count == 6
-        await asyncio.sleep(0.25)
         a.side_effect = None
         a.return_value = ok()
+        deadline = asyncio.get_running_loop().time() + 10
+        while not remote.pool_stats()[0].healthy:  # a background probe (tests/d3backend/test_pool.py)
+            assert asyncio.get_running_loop().time() < deadline, "no probe brought the URL back"
+            await asyncio.sleep(0.01)
+        probes = a.call_count - 2
         for _ in range(4):
             await remote.decide("x", QUESTIONS)
-    assert a.call_count == 4  # back in the rotation, taking turns with B
+    assert a.call_count == 2 + probes + 2  # back in the rotation, taking turns with B
     assert b.call_count == 8
 
 
