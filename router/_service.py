@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from d3backend import Answer, ChoiceAnswer, DecisionEngine, EngineError, NoulAnswer, ScoreAnswer, json_bytes
 from policies import Block, Config, Decision, Policy, Route
+from router import _tracing
 from router._apis import CHAT, Api
 from router._metrics import Metrics
 from router._state import BadRequest, DecisionState, MediaRules
@@ -147,23 +148,28 @@ class RouterService:
         """Decide for a parsed request body of `api` (chat by default) under `snapshot` (the current one by
         default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error."""
         snapshot = snapshot or self.snapshot
-        state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
+        with _tracing.span("d3.state"):  # tracing (issue 14.4): the hooks are `with` blocks, no-ops when it is off
+            state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
         timeout_s = snapshot.config.server.decision_timeout_s
         start = time.perf_counter()
         answers: Mapping[str, Answer] = {}
         cached = False
         error: str | None = None
         if not policy.questions:
-            decision = policy.evaluate({})
+            with _tracing.span("d3.rules") as rules:
+                decision = policy.evaluate({})
+                rules.set_attribute("d3.rule", decision.rule)
         elif self.engine is None:
             error = "no engine is configured"
             decision = policy.engine_failed()
         else:
             try:
-                async with asyncio.timeout(timeout_s):  # no task, unlike wait_for
-                    decided = await self.engine.decide(
-                        state.state, policy.questions, images=state.images, videos=state.videos
-                    )
+                with _tracing.engine_span() as engine_span:  # its traceparent goes to the engine
+                    async with asyncio.timeout(timeout_s):  # no task, unlike wait_for
+                        decided = await self.engine.decide(
+                            state.state, policy.questions, images=state.images, videos=state.videos
+                        )
+                    engine_span.set_attribute("d3.cache", "hit" if decided.cached else "miss")
             except EngineError as exc:
                 error = str(exc)
                 self.metrics.engine_errors[type(exc).__name__] += 1
@@ -175,7 +181,9 @@ class RouterService:
             else:
                 answers, cached = decided.answers, decided.cached
                 self.metrics.cache["hit" if cached else "miss"] += 1
-                decision = policy.evaluate(answers)
+                with _tracing.span("d3.rules") as rules:
+                    decision = policy.evaluate(answers)
+                    rules.set_attribute("d3.rule", decision.rule)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         self.metrics.decision_seconds[policy.name].observe(elapsed_ms / 1000.0)
         if error is not None:
