@@ -98,8 +98,10 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from router import _logging, _tracing
     from router._serve import run, serve, serve_workers
 
-    log_config = _logging.configure(args.log_format, args.log_level, args.access_log)
+    # Applied when serving starts (router._serve), or at once for JSON, whose every line must be JSON.
+    log_config = _logging.log_config(args.log_format, args.log_level, args.access_log)
     if args.log_format == "json":  # the configuration's errors and warnings as JSON lines too
+        _logging.apply(log_config)
         os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # an embedded vLLM's lines through ours
         buffer = io.StringIO()
         config = _load(args.file, buffer)
@@ -109,13 +111,13 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if config is None:
         return EXIT_INVALID
     try:
-        if args.workers > 1:
-            return serve_workers(config, args.host, args.port, args.workers, log_level=args.log_level,
-                                 log_config=log_config)  # fmt: skip
-        _tracing.configure()
+        _tracing.check() if args.workers > 1 else _tracing.configure()  # each worker configures its own
     except ValueError as exc:  # an OTEL_* variable d3router cannot follow
         logging.getLogger("router").error("%s", exc)
         return EXIT_INVALID
+    if args.workers > 1:
+        return serve_workers(config, args.host, args.port, args.workers, log_level=args.log_level,
+                             log_config=log_config)  # fmt: skip
     try:
         return run(serve(config, args.host, args.port, log_level=args.log_level, log_config=log_config))
     except KeyboardInterrupt:

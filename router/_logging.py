@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
-import uuid
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -76,7 +76,7 @@ def begin(scope: Scope, send: Send) -> tuple[RequestInfo, Token[RequestInfo | No
         if key == b"x-request-id":
             given = value.decode("latin-1")
             break
-    rid = given if given is not None and SANE_ID.fullmatch(given) else uuid.uuid4().hex
+    rid = given if given is not None and SANE_ID.fullmatch(given) else os.urandom(16).hex()  # uuid4: 4x the time
     info = RequestInfo(rid, scope["method"], scope["path"], time.perf_counter())
     token = CURRENT.set(info)
     ours = rid.encode("latin-1")
@@ -188,14 +188,6 @@ def log_config(log_format: str, level: str, access_log: bool | None = None) -> d
             ACCESS_LOGGER: {"level": "NOTSET" if access_on else "WARNING"},  # NOTSET: the root's level
         },
     }
-
-
-def configure(log_format: str = "text", level: str = "info", access_log: bool | None = None) -> dict[str, Any]:
-    """Set up this process's logging for `d3router serve` and return the configuration for uvicorn.
-    `access_log=None`: access lines with the JSON format only."""
-    config = log_config(log_format, level, access_log)
-    apply(config)
-    return config
 
 
 def apply(config: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from policies import Config
+from router import _logging
 from router._app import ProxyApp
 
 logger = logging.getLogger("router")
@@ -53,7 +54,9 @@ async def serve(
     log_config: dict[str, Any] | None = None,
 ) -> int:  # fmt: skip
     """Serve until SIGINT/SIGTERM (a graceful stop: see `_Shutdown`; a second signal forces the exit); return the
-    process exit code. `log_config`: the logging set up by `router._logging.configure`, for uvicorn's lines too."""
+    process exit code. `log_config`: this process's logging (`router._logging.log_config`), uvicorn's too."""
+    if log_config is not None:
+        _logging.apply(log_config)
     app = ProxyApp(config)
     policies = ", ".join(config.policies) or "none"
     logger.info("d3router: serving %s on http://%s:%d (policies: %s)", config.file, host, port, policies)
@@ -75,6 +78,7 @@ def serve_workers(
         return 2
     os.environ[CONFIG_ENV] = os.path.abspath(config.file)
     if log_config is not None:
+        _logging.apply(log_config)
         os.environ[LOG_CONFIG_ENV] = json.dumps(log_config)
     logger.info("d3router: serving %s on http://%s:%d with %d workers", config.file, host, port, workers)
     # uvicorn's supervisor relays SIGTERM to the workers; they finish in-flight requests within grace_s (no drain:
@@ -109,7 +113,7 @@ def metrics_dir() -> Iterator[str]:
 def worker_app() -> ProxyApp:
     """The app of one worker process (`serve_workers`)."""
     from policies import load_config
-    from router import _logging, _tracing
+    from router import _tracing
 
     if os.environ.get(LOG_CONFIG_ENV):
         _logging.apply(json.loads(os.environ[LOG_CONFIG_ENV]))

@@ -232,7 +232,7 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
         return False
     named = "service.name=" in environ.get("OTEL_RESOURCE_ATTRIBUTES", "") or environ.get("OTEL_SERVICE_NAME")
     provider = TracerProvider(resource=Resource.create({} if named else {"service.name": "d3-router"}))
-    names = [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",") if n.strip()]
+    names = _names(environ)
     for name in names:
         provider.add_span_processor(BatchSpanProcessor(_exporter(name, environ)))
     trace.set_tracer_provider(provider)
@@ -240,6 +240,23 @@ def configure(environ: Mapping[str, str] | None = None) -> bool:
     enable_tracing(provider)
     logger.info("tracing on: exporting spans to %s", ", ".join(names))
     return True
+
+
+def check(environ: Mapping[str, str] | None = None) -> None:
+    """Raise the `ValueError` `configure` would, without starting anything (`serve --workers`: before the workers
+    start, each of which then configures its own)."""
+    environ = os.environ if environ is None else environ
+    if wanted(environ):
+        try:
+            import opentelemetry.sdk  # noqa: F401
+        except ImportError:
+            return  # configure() logs it and traces nothing
+        for name in _names(environ):
+            _exporter(name, environ).shutdown()
+
+
+def _names(environ: Mapping[str, str]) -> list[str]:
+    return [n.strip() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",") if n.strip()]
 
 
 def _exporter(name: str, environ: Mapping[str, str]) -> Any:

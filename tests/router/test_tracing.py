@@ -336,3 +336,20 @@ policies: {{fixed: {{rules: [{{name: default, route: up}}]}}}}
     assert names["POST /v1/chat/completions"]["resource"]["attributes"]["service.name"] == "d3-test"
     assert "SECRET-PROMPT" not in text
     assert "tracing on: exporting spans to console" in err.decode()
+
+
+def test_the_tracing_benchmark_runs(tmp_path: Path) -> None:
+    """`benchmarks/tracing.py --quick`, so that the harness does not rot; nothing is timed here."""
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.tracing", "--quick", "--results", str(tmp_path)],
+                          cwd=repo, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((tmp_path / "tracing.json").read_text())["rows"]
+    assert [(row["target"], row["concurrency"]) for row in rows] == [
+        ("direct", 1), ("direct", 8), ("tracing off", 1), ("tracing off", 8), ("tracing on", 1), ("tracing on", 8),
+    ]  # fmt: skip
+    assert all(row["errors"] == 0 for row in rows)
+    extra = json.loads((tmp_path / "tracing-extra.json").read_text())
+    assert extra["spans exported"]["tracing off"] == 0
+    assert extra["spans exported"]["tracing on"] >= 5 * 2 * 60  # five spans per request, at least the measured ones
+    assert extra["hooks off, ns per request"] > 0
