@@ -110,6 +110,8 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         config = _load(args.file, err)
     if config is None:
         return EXIT_INVALID
+    if args.workers == 1:
+        _logging.apply(log_config)  # (the supervisor of workers applies it after its own checks)
     try:
         _tracing.check() if args.workers > 1 else _tracing.configure()  # each worker configures its own
     except ValueError as exc:  # an OTEL_* variable d3router cannot follow
