@@ -353,3 +353,25 @@ def test_the_tracing_benchmark_runs(tmp_path: Path) -> None:
     assert extra["spans exported"]["tracing off"] == 0
     assert extra["spans exported"]["tracing on"] >= 5 * 2 * 60  # five spans per request, at least the measured ones
     assert extra["hooks off, ns per request"] > 0
+
+
+def test_check_builds_the_exporters_without_starting_anything() -> None:
+    _tracing.check({"OTEL_TRACES_EXPORTER": "otlp,console"})  # the OTLP/HTTP exporter: no connection until export
+    _tracing.check({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector.test:4318"})
+    _tracing.check({})
+    with pytest.raises(
+        ValueError, match=r"^OTEL_TRACES_EXPORTER names 'jaeger'; d3router knows otlp, console and none$"
+    ):
+        _tracing.check({"OTEL_TRACES_EXPORTER": "jaeger"})
+    assert not _tracing.ON
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_refuses_an_exporter_it_cannot_make(tmp_path: Path, workers: str) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text('upstreams: {up: {url: "http://127.0.0.1:9/v1"}}\npolicies: {p: {rules: [{name: d, route: up}]}}\n')
+    done = subprocess.run([sys.executable, "-m", "router", "serve", str(path), "--workers", workers],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "OTEL_TRACES_EXPORTER": "jaeger"})  # fmt: skip
+    assert done.returncode == 2
+    assert "OTEL_TRACES_EXPORTER names 'jaeger'; d3router knows otlp, console and none" in done.stderr
+    assert "Traceback" not in done.stderr
