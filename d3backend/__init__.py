@@ -22,7 +22,7 @@ from d3backend._errors import (
 from d3backend._fake import FakeEngine
 from d3backend._http import make_client, make_transport, outbound_request
 from d3backend._protocol import DecisionEngine
-from d3backend._remote import RemoteEngine, UrlStats, redact_url
+from d3backend._remote import ENGINE_HEADERS, RemoteEngine, UrlStats, redact_url
 from d3backend._server import ServerError, VllmServer, free_port
 from d3backend._tinymodel import make_model
 from d3backend._types import (
@@ -46,6 +46,7 @@ from d3backend._wire import JSONValue, json_bytes
 
 __all__ = [
     "D3_MAX_OPTIONS",
+    "ENGINE_HEADERS",
     "GENERATIVE_MAX_OPTIONS",
     "MAX_QUESTIONS",
     "MAX_SCORE_LEVELS",

@@ -15,6 +15,9 @@ the running loop at the first ejection, ends when no URL is ejected, and `aclose
 
 `pool_stats()` shows each URL's state and counters (for `/metrics`); URLs there, in errors and in logs carry no
 user name or password.
+
+`ENGINE_HEADERS`, a context variable, adds headers to the engine requests made in its context: the router puts the
+W3C `traceparent` of its engine span there (router/_tracing.py), so d3backend needs no tracing library.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import logging
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import httpx
@@ -37,6 +41,7 @@ from d3backend._wire import JSONValue, error_message, parse_response, request_bo
 
 _PROBE_QUESTIONS: Mapping[str, Question] = {"ready": Noul("Is this text a readiness check?")}
 _FAILURES_BEFORE_SET_ASIDE = 2
+ENGINE_HEADERS: ContextVar[tuple[tuple[str, str], ...]] = ContextVar("d3backend_engine_headers", default=())
 
 logger = logging.getLogger(__name__)
 
@@ -236,8 +241,12 @@ class RemoteEngine(Closing):
         raise error
 
     async def _send(self, method: str, base: str, path: str, content: bytes | None) -> tuple[int, bytes]:
+        headers = self._headers if content is None else self._json_headers
+        extra = ENGINE_HEADERS.get()
+        if extra:
+            headers = {**headers, **dict(extra)}
         request = outbound_request(
-            method, base + path, headers=self._headers if content is None else self._json_headers, content=content,
+            method, base + path, headers=headers, content=content,
             timeout_s=self._timeout_s, connect_timeout_s=self._connect_timeout_s,
         )  # fmt: skip
         response = await self._transport.handle_async_request(request)

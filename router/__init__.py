@@ -17,6 +17,7 @@ from router._report import markdown, summarize
 from router._report_html import html_page
 from router._service import D3Decision, RouterService, format_answers
 from router._state import BadChatRequest, BadRequest, DecisionState, MediaRules, Turn, build_state
+from router._tracing import disable_tracing, enable_tracing
 
 __all__ = [
     "APIS",
@@ -50,6 +51,8 @@ __all__ = [
     "create_app",
     "curve",
     "detect",
+    "disable_tracing",
+    "enable_tracing",
     "extract_state",
     "find_threshold",
     "format_answers",

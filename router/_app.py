@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from d3backend import CachedEngine, DecisionEngine, EngineError, json_bytes
 from policies import API_TITLES, Block, Config, ConfigError, load_config
+from router import _logging, _tracing
 from router._apis import CHAT, Api
 from router._endpoints import APIS, detect, read_request
 from router._engines import Environ, build_engine, start_engine
@@ -77,7 +78,7 @@ class ProxyApp:
         self._background: list[Any] = []
         self.ready_error: str | None = None if self.ready else "the engine has not started"
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Any]] = {
-            **{("POST", api.path): functools.partial(self.decided, api) for api in APIS},
+            **{("POST", api.path): functools.partial(self.traced, api) for api in APIS},
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/d3/explain"): self.explain,
             ("GET", "/healthz"): self.healthz,
@@ -97,6 +98,7 @@ class ProxyApp:
         if scope["type"] != "http":
             return
         handler = self._routes.get((scope["method"], scope["path"]))
+        info, token, send = _logging.begin(scope, send)  # x-request-id on every response and log line (issue 14.6)
         try:
             if handler is not None:
                 await handler(scope, receive, send)
@@ -106,6 +108,8 @@ class ProxyApp:
                 await send_error(send, 404, f"no route for {scope['method']} {scope['path']}", "not_found_error")
         except ClientDisconnected:
             pass  # gone while sending its body: nothing was started, nothing to answer
+        finally:
+            _logging.end(info, token)
 
     # --- lifespan ------------------------------------------------------------------------------------------------
     async def lifespan(self, receive: Receive, send: Send) -> None:
@@ -186,6 +190,11 @@ class ProxyApp:
             self.service.decision_log = None
 
     # --- the decided endpoints ------------------------------------------------------------------------------------
+    async def traced(self, api: Api, scope: Scope, receive: Receive, send: Send) -> None:
+        """`decided` in its request span (issue 14.4; a no-op object when tracing is off)."""
+        with _tracing.request_span(api.name, scope, _logging.current()):
+            await self.decided(api, scope, receive, send)
+
     async def decided(self, api: Api, scope: Scope, receive: Receive, send: Send) -> None:
         """A generation request of any API: the policy named by `model` (or `server.default_policy`) decides."""
         snapshot = self.service.snapshot  # read once: a reload meanwhile does not change this request's config
@@ -207,9 +216,10 @@ class ProxyApp:
             message = f"the policy {policy.name!r} does not serve the {API_TITLES[api.name]} API (its `apis`)"
             await send_json(send, 404, api.error(404, message, "invalid_request_error", "model_not_found", "model"))
             return
-        request_id = "" if self.service.decision_log is None else _header(scope, b"x-request-id") or uuid.uuid4().hex
+        request_id = _logging.request_id() or _header(scope, b"x-request-id") or uuid.uuid4().hex
         try:
             d3 = await self.service.decide(policy, body, request_id, api=api, snapshot=snapshot)
+            _logging.noted(_logging.current(), d3)
         except BadRequest as exc:
             self.service.metrics.request(policy.name, "-", "invalid", exc.status)
             error = api.error(exc.status, exc.message, "invalid_request_error", param=exc.param)
@@ -233,28 +243,34 @@ class ProxyApp:
         failure: Failure = (502, "no upstream was tried")
         tags = encode_headers(d3.decision.tags.items())
         tried = upstreams[0]
+        info = _logging.current()
         for index, name in enumerate(upstreams):
             tried, upstream = name, config.upstreams[name]
-            payload = api.rewrite(raw, body, upstream.model, d3.decision.params)
-            response, failure = await self.forwarder.open(
-                api, upstream, name, "POST", api.upstream_path, scope, payload, tags
-            )
-            if response is None:
-                continue
-            if response.status_code >= 500 and index < len(upstreams) - 1:
-                await response.aclose()
-                metrics.upstream_errors[(name, str(response.status_code))] += 1
-                failure = (502, f"upstream {name!r} answered {response.status_code}")
-                continue
-            try:
-                if not await relay(response, send, encode_headers(d3.headers(upstream=name)), name):
+            if info is not None:
+                info.upstream = name
+            with _tracing.upstream_span(name, index, upstream.url) as attempt:  # one span per attempt (issue 14.4)
+                payload = api.rewrite(raw, body, upstream.model, d3.decision.params)
+                response, failure = await self.forwarder.open(
+                    api, upstream, name, "POST", api.upstream_path, scope, payload, tags
+                )
+                if response is None:
+                    attempt.set_attribute("error.type", str(failure[0]))
+                    continue
+                attempt.set_attribute("http.response.status_code", response.status_code)
+                if response.status_code >= 500 and index < len(upstreams) - 1:
+                    await response.aclose()
+                    metrics.upstream_errors[(name, str(response.status_code))] += 1
+                    failure = (502, f"upstream {name!r} answered {response.status_code}")
+                    continue
+                try:
+                    if not await relay(response, send, encode_headers(d3.headers(upstream=name)), name):
+                        metrics.upstream_errors[(name, "broken")] += 1
+                except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
-            except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
-                metrics.upstream_errors[(name, "broken")] += 1
-                failure = (502, str(exc))
-                continue
-            metrics.request(d3.policy, d3.decision.rule, "route", response.status_code)
-            return
+                    failure = (502, str(exc))
+                    continue
+                metrics.request(d3.policy, d3.decision.rule, "route", response.status_code)
+                return
         metrics.request(d3.policy, d3.decision.rule, "route", failure[0])
         error = api.error(failure[0], failure[1], "upstream_error")
         await send_json(

@@ -11,7 +11,9 @@ d3router calibrate CONFIG TRAFFIC   a rule's threshold from labelled traffic    
 from __future__ import annotations
 
 import argparse
+import io
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -47,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--workers", type=int, default=1, help="processes (remote engine only); default 1")
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--log-format", default="text", choices=["text", "json"],
+                       help="json: one JSON object per line on stderr, for log shippers (default: text)")  # fmt: skip
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                       help="one line per request (default: on with --log-format json, off with text)")  # fmt: skip
     serve.set_defaults(run=_serve)
     check = commands.add_parser("check", help="validate a configuration file and summarize it")
     check.add_argument("file")
@@ -89,20 +95,48 @@ def _load(file: str, err: TextIO) -> Config | None:
 
 
 def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    config = _load(args.file, err)
-    if config is None:
-        return EXIT_INVALID
-    import logging
-
+    from router import _logging, _tracing
     from router._serve import run, serve, serve_workers
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.workers > 1:
-        return serve_workers(config, args.host, args.port, args.workers, log_level=args.log_level)
+    # Applied when serving starts (router._serve), or at once for JSON, whose every line must be JSON.
+    log_config = _logging.log_config(args.log_format, args.log_level, args.access_log)
+    if args.log_format == "json":  # the configuration's errors and warnings as JSON lines too
+        _logging.apply(log_config)
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # an embedded vLLM's lines through ours
+        buffer = io.StringIO()
+        config = _load(args.file, buffer)
+        _log_lines(buffer.getvalue())
+    else:
+        config = _load(args.file, err)
+    if config is None:
+        return EXIT_INVALID
+    if args.workers == 1:
+        _logging.apply(log_config)  # (the supervisor of workers applies it after its own checks)
     try:
-        return run(serve(config, args.host, args.port, log_level=args.log_level))
+        _tracing.check() if args.workers > 1 else _tracing.configure()  # each worker configures its own
+    except ValueError as exc:  # an OTEL_* variable d3router cannot follow
+        logging.getLogger("router").error("%s", exc)
+        return EXIT_INVALID
+    if args.workers > 1:
+        return serve_workers(config, args.host, args.port, args.workers, log_level=args.log_level,
+                             log_config=log_config)  # fmt: skip
+    try:
+        return run(serve(config, args.host, args.port, log_level=args.log_level, log_config=log_config))
     except KeyboardInterrupt:
         return EXIT_OK
+    finally:
+        _tracing.shutdown()
+
+
+def _log_lines(text: str) -> None:
+    log = logging.getLogger("router")
+    for line in text.splitlines():
+        if line.startswith("error: "):
+            log.error("%s", line.removeprefix("error: "))
+        elif line.startswith("warning: "):
+            log.warning("%s", line.removeprefix("warning: "))
+        elif line:
+            log.error("%s", line)
 
 
 def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

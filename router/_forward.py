@@ -17,6 +17,7 @@ from starlette.types import Scope
 
 from d3backend import make_transport, outbound_request
 from policies import UpstreamSettings
+from router import _logging, _tracing
 from router._apis import Api
 from router._http import NOT_FORWARDED_RAW, Headers
 from router._metrics import Metrics
@@ -56,8 +57,12 @@ class Forwarder:
     def headers(self, scope: Scope, api: Api, upstream: UpstreamSettings, tags: Headers) -> Headers:
         """The client's headers less hop-by-hop ones, those its `Connection` header names (RFC 9110 7.6.1), any
         `x-d3-*` (only the router tags its decisions) and those a tag replaces; the upstream's key, if it has one,
-        in the API's header instead of the client's credentials."""
+        in the API's header instead of the client's credentials; the proxy's request id as `x-request-id`."""
         drop = {name for name, _ in tags}
+        request_id = _logging.request_id()
+        if request_id is not None:
+            drop.add(b"x-request-id")
+            tags = [*tags, (b"x-request-id", request_id.encode("latin-1"))]
         listed = [value for key, value in scope["headers"] if key == b"connection"]
         for value in listed:
             drop.update(token.strip().lower() for token in value.split(b","))
@@ -77,7 +82,8 @@ class Forwarder:
     ) -> tuple[httpx.Response | None, Failure]:  # fmt: skip
         """Send the request and wait for the response's headers; a failure is (None, (status, message))."""
         request = outbound_request(
-            method, upstream.url + path, headers=self.headers(scope, api, upstream, tags), content=payload,
+            method, upstream.url + path, headers=_tracing.propagate_headers(self.headers(scope, api, upstream, tags)),
+            content=payload,
             timeout_s=upstream.timeout_s, connect_timeout_s=upstream.connect_timeout_s,
             query=scope.get("query_string", b""),
         )  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -17,6 +18,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from policies import Config
+from router import _logging
 from router._app import ProxyApp
 
 logger = logging.getLogger("router")
@@ -47,31 +49,44 @@ class _Server(uvicorn.Server):
             await self.lifespan.shutdown()  # task is cancelled at exit and logs a traceback
 
 
-async def serve(config: Config, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0) -> int:
+async def serve(
+    config: Config, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0,
+    log_config: dict[str, Any] | None = None,
+) -> int:  # fmt: skip
     """Serve until SIGINT/SIGTERM (a graceful stop: see `_Shutdown`; a second signal forces the exit); return the
-    process exit code."""
+    process exit code. `log_config`: this process's logging (`router._logging.log_config`), uvicorn's too."""
+    if log_config is not None:
+        _logging.apply(log_config)
     app = ProxyApp(config)
     policies = ", ".join(config.policies) or "none"
     logger.info("d3router: serving %s on http://%s:%d (policies: %s)", config.file, host, port, policies)
-    return await serve_app(app, host, port, log_level=log_level, poll_s=poll_s)
+    return await serve_app(app, host, port, log_level=log_level, poll_s=poll_s, log_config=log_config)
 
 
 CONFIG_ENV = "D3ROUTER_CONFIG"
+LOG_CONFIG_ENV = "D3ROUTER_LOG_CONFIG"  # the logging configuration, as JSON, for the workers (`worker_app`)
 
 
-def serve_workers(config: Config, host: str, port: int, workers: int, *, log_level: str = "info") -> int:
+def serve_workers(
+    config: Config, host: str, port: int, workers: int, *, log_level: str = "info",
+    log_config: dict[str, Any] | None = None,
+) -> int:  # fmt: skip
     """Serve with `workers` processes (uvicorn's supervisor): each loads the file and watches it for changes;
     SIGHUP restarts the workers. The embedded engine lives in one process, so it needs `workers == 1`."""
     if config.engine.kind == "embedded" and any(policy.questions for policy in config.policies.values()):
         logger.error("--workers %d needs a remote engine: the embedded engine runs inside one process", workers)
         return 2
     os.environ[CONFIG_ENV] = os.path.abspath(config.file)
+    if log_config is not None:
+        _logging.apply(log_config)
+        os.environ[LOG_CONFIG_ENV] = json.dumps(log_config)
     logger.info("d3router: serving %s on http://%s:%d with %d workers", config.file, host, port, workers)
     # uvicorn's supervisor relays SIGTERM to the workers; they finish in-flight requests within grace_s (no drain:
     # on Kubernetes, scale with replicas of one process each).
     with metrics_dir():
         uvicorn.run("router._serve:worker_app", factory=True, host=host, port=port, workers=workers, lifespan="on",
                     log_level=log_level, access_log=False, server_header=False, date_header=False,
+                    log_config=uvicorn.config.LOGGING_CONFIG if log_config is None else log_config,
                     timeout_graceful_shutdown=config.server.grace_s)  # fmt: skip
     return 0
 
@@ -98,7 +113,11 @@ def metrics_dir() -> Iterator[str]:
 def worker_app() -> ProxyApp:
     """The app of one worker process (`serve_workers`)."""
     from policies import load_config
+    from router import _tracing
 
+    if os.environ.get(LOG_CONFIG_ENV):
+        _logging.apply(json.loads(os.environ[LOG_CONFIG_ENV]))
+    _tracing.configure()  # each worker its own exporter (flushed when its process ends)
     app = ProxyApp(load_config(os.environ[CONFIG_ENV]))
     watch_file(app)
     return app
@@ -112,7 +131,7 @@ def watch_file(app: ProxyApp, poll_s: float = 1.0) -> None:
 
 async def serve_app(
     app: ASGIApp, host: str, port: int, *, log_level: str = "info", poll_s: float = 1.0, drain_s: float = 0.0,
-    grace_s: int = 10,
+    grace_s: int = 10, log_config: dict[str, Any] | None = None,
 ) -> int:  # fmt: skip
     """Run any ASGI app under uvicorn until SIGINT/SIGTERM (see `_Shutdown`); a `ProxyApp` also reloads its file on
     change/SIGHUP and takes `drain_s`/`grace_s` from its configuration's `server` section instead."""
@@ -127,6 +146,7 @@ async def serve_app(
             timeout_graceful_shutdown=grace_s,
             server_header=False,  # the upstream's own headers pass through; uvicorn's would double them
             date_header=False,
+            log_config=uvicorn.config.LOGGING_CONFIG if log_config is None else log_config,
         )
     )
     shutdown = _Shutdown(server, app, drain_s, grace_s)

@@ -26,6 +26,7 @@ from d3backend import (
     json_bytes,
 )
 from policies import Block, Config, Decision, Policy, Route
+from router import _tracing
 from router._apis import CHAT, Api
 from router._metrics import Counts, Metrics
 from router._state import BadRequest, DecisionState, MediaRules
@@ -192,7 +193,8 @@ class RouterService:
         """Decide for a parsed request body of `api` (chat by default) under `snapshot` (the current one by
         default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error."""
         snapshot = snapshot or self.snapshot
-        state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
+        with _tracing.span("d3.state"):  # tracing (issue 14.4): the hooks are `with` blocks, no-ops when it is off
+            state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
         timeout_s = snapshot.config.server.decision_timeout_s
         start = time.perf_counter()
         answers: Mapping[str, Answer] = {}
@@ -201,14 +203,18 @@ class RouterService:
         skipped: tuple[str, ...] = ()
         calls = [0]  # the engine calls made, failed ones included
         if not policy.questions:
-            decision = policy.evaluate({})
+            with _tracing.span("d3.rules") as rules:
+                decision = policy.evaluate({})
+                rules.set_attribute("d3.rule", decision.rule)
         elif self.engine is None:
             error = "no engine is configured"
             decision = policy.engine_failed()
         else:
             try:
-                async with asyncio.timeout(timeout_s):  # no task, unlike wait_for; one budget for every stage
-                    decision, answers, cached = await self._ask(self.engine, policy, state, calls)
+                with _tracing.engine_span() as engine_span:  # its traceparent goes to the engine
+                    async with asyncio.timeout(timeout_s):  # no task, unlike wait_for; one budget for every stage
+                        walked, answers, cached = await self._ask(self.engine, policy, state, calls)
+                    engine_span.set_attribute("d3.cache", "hit" if cached else "miss")
             except EngineError as exc:
                 error = str(exc)
                 self.metrics.engine_errors[type(exc).__name__] += 1
@@ -221,6 +227,9 @@ class RouterService:
                 if len(answers) < len(policy.questions):
                     skipped = tuple(qid for qid in policy.questions if qid not in answers)
                     self.questions_skipped[policy.name] += len(skipped)
+                with _tracing.span("d3.rules") as rules:  # `staged` walked between its calls already
+                    decision = walked if walked is not None else policy.evaluate(answers)
+                    rules.set_attribute("d3.rule", decision.rule)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         self.metrics.decision_seconds[policy.name].observe(elapsed_ms / 1000.0)
         if error is not None:
@@ -290,17 +299,17 @@ class RouterService:
 
     async def _ask(
         self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int]
-    ) -> tuple[Decision, Mapping[str, Answer], bool]:
+    ) -> tuple[Decision | None, Mapping[str, Answer], bool]:
         """Ask the policy's stages in turn until the walk ends (`ask: together` has one stage, `staged` two: the
         guard's questions, then the rest only when the guard did not end the walk); count each call in `calls` as
         it starts (a failed one too). Return the decision, the answers asked and whether every call was a cache
         hit. Each stage is its own engine call, so a cache in front of the engine keeps each under its own key
         (state and that stage's questions): a repeated request finds both, and single-flight joins each."""
-        if len(policy.stages) == 1:  # together: the one call, as before
+        if len(policy.stages) == 1:  # together: the one call, as before; the caller walks the rules
             self._count(policy, policy.questions, calls)
             decided = await engine.decide(state.state, policy.questions, images=state.images, videos=state.videos)
             self.metrics.cache["hit" if decided.cached else "miss"] += 1
-            return policy.evaluate(decided.answers), decided.answers, decided.cached
+            return None, decided.answers, decided.cached
         answers: dict[str, Answer] = {}
         cached = True
         for stage in policy.stages:
