@@ -20,7 +20,7 @@ COPY d3backend ./d3backend
 
 # The router alone: it talks to vLLM servers over HTTP (engine.remote) and needs neither vLLM nor torch.
 FROM base AS router
-RUN pip install . && rm -rf /src
+RUN pip install ".[otel]" && rm -rf /src
 WORKDIR /tmp
 USER 10001:10001
 EXPOSE 8080
