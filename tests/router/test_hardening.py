@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +26,7 @@ from d3backend import Decided, FakeEngine, free_port
 from policies import load_config, parse_config
 from router import create_app
 from router._http import read_body
+from tests.router._peers import wait_serving
 from tests.router.test_sockets import Served
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,14 +59,7 @@ def served_router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
         process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)  # fmt: skip
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                    break
-                except httpx.HTTPError:
-                    assert process.poll() is None and time.monotonic() < deadline, "d3router serve did not start"
-                    time.sleep(0.1)
+            assert wait_serving(f"http://127.0.0.1:{port}", process, 60), "d3router serve did not start"
             yield f"127.0.0.1:{port}", recorder
         finally:
             process.terminate()

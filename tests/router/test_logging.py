@@ -13,9 +13,8 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
@@ -24,6 +23,7 @@ import respx
 from d3backend import FakeEngine, free_port
 from policies import parse_config
 from router import _logging, create_app
+from tests.router._peers import recording_upstream, wait_serving
 
 PROMPT = "SECRET-PROMPT-5c1d"
 KEY = "sk-upstream-key-77e0"
@@ -157,30 +157,10 @@ def test_log_config_refuses_an_unknown_format() -> None:
 
 
 # --- a real process --------------------------------------------------------------------------------------------------
-class _Upstream(BaseHTTPRequestHandler):
-    seen: ClassVar[list[dict[str, str]]] = []
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        _Upstream.seen.append(dict(self.headers.items()))
-        body = b'{"ok": true}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def upstream() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server.server_port
-    server.shutdown()
-    server.server_close()
+def upstream() -> Iterator[tuple[int, list[dict[str, str]]]]:
+    with recording_upstream() as peer:
+        yield peer
 
 
 class Lines:
@@ -223,17 +203,11 @@ policies: {{fixed: {{rules: [{{name: default, route: up}}]}}}}
                                env={**os.environ, "UP_KEY": KEY})  # fmt: skip
     lines = Lines(process)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            httpx.get(f"{url}/healthz", timeout=1)
-            return process, lines, url
-        except httpx.HTTPError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                process.wait(WAIT_S)
-                pytest.fail("".join(lines.close()))
-            time.sleep(0.1)
+    if not wait_serving(url, process, WAIT_S):
+        process.kill()
+        process.wait(WAIT_S)
+        pytest.fail("".join(lines.close()))
+    return process, lines, url
 
 
 def stop(process: subprocess.Popen[bytes], lines: Lines) -> list[str]:
@@ -247,13 +221,16 @@ def access_line(rid: str) -> Any:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_serve_json_logs_a_line_per_request_with_its_id(tmp_path: Path, upstream: int, workers: int) -> None:
-    process, lines, url = serve(tmp_path, upstream, "--log-format", "json", "--workers", str(workers))
+def test_serve_json_logs_a_line_per_request_with_its_id(
+    tmp_path: Path, upstream: tuple[int, list[dict[str, str]]], workers: int
+) -> None:
+    port, seen = upstream
+    process, lines, url = serve(tmp_path, port, "--log-format", "json", "--workers", str(workers))
     try:
         response = httpx.post(f"{url}/v1/chat/completions", json=chat(model="fixed"),
                               headers={"x-request-id": "req-42", "authorization": "Bearer client-key"})  # fmt: skip
         assert response.status_code == 200 and response.headers["x-request-id"] == "req-42"
-        assert _Upstream.seen[-1]["x-request-id"] == "req-42"
+        assert seen[-1]["x-request-id"] == "req-42"
         missing = httpx.post(f"{url}/v1/chat/completions", json=chat(model="nope"))
         assert missing.status_code == 404
         made = missing.headers["x-request-id"]
@@ -283,15 +260,15 @@ def test_serve_json_logs_a_line_per_request_with_its_id(tmp_path: Path, upstream
     assert PROMPT not in joined and KEY not in joined and "client-key" not in joined
 
 
-def test_serve_text_has_no_access_lines_unless_asked(tmp_path: Path, upstream: int) -> None:
-    process, lines, url = serve(tmp_path, upstream)
+def test_serve_text_has_no_access_lines_unless_asked(tmp_path: Path, upstream: tuple[int, list[Any]]) -> None:
+    process, lines, url = serve(tmp_path, upstream[0])
     try:
         assert httpx.post(f"{url}/v1/chat/completions", json=chat(model="fixed"),
                           headers={"x-request-id": "quiet-1"}).status_code == 200  # fmt: skip
     finally:
         text = "".join(stop(process, lines))
     assert "quiet-1" not in text and "serving" in text
-    process, lines, url = serve(tmp_path, upstream, "--access-log")
+    process, lines, url = serve(tmp_path, upstream[0], "--access-log")
     try:
         httpx.post(f"{url}/v1/chat/completions", json=chat(model="fixed"), headers={"x-request-id": "loud-1"})
         assert lines.wait_for(

@@ -9,12 +9,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import pytest
@@ -27,6 +24,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from d3backend import CachedEngine, RemoteEngine, free_port
 from policies import parse_config
 from router import _tracing, create_app, disable_tracing, enable_tracing
+from tests.router._peers import recording_upstream, wait_serving
 
 pytestmark = pytest.mark.anyio
 
@@ -274,53 +272,26 @@ def test_an_exporter_it_cannot_make_is_a_clear_error(environ: dict[str, str], me
 
 
 # --- a real process: d3router serve with the console exporter, a real upstream socket ------------------------------
-class _Upstream(BaseHTTPRequestHandler):
-    seen: ClassVar[list[dict[str, str]]] = []
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        _Upstream.seen.append(dict(self.headers.items()))
-        body = b'{"ok": true}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 def test_serve_exports_spans_and_sends_traceparent_over_sockets(tmp_path: Path) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    path = tmp_path / "router.yaml"
-    path.write_text(f"""
-upstreams: {{up: {{url: "http://127.0.0.1:{server.server_port}/v1"}}}}
+    with recording_upstream() as (upstream, seen):
+        path = tmp_path / "router.yaml"
+        path.write_text(f"""
+upstreams: {{up: {{url: "http://127.0.0.1:{upstream}/v1"}}}}
 policies: {{fixed: {{rules: [{{name: default, route: up}}]}}}}
 """)
-    port = free_port()
-    env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "d3-test"}
-    process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(path), "--port", str(port)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline and process.poll() is None, "d3router serve did not start"
-                time.sleep(0.1)
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat() | {"model": "fixed"})
-        assert response.status_code == 200
-    finally:
-        process.send_signal(signal.SIGINT)  # no drain
-        out, err = process.communicate(timeout=60)
-        server.shutdown()
-        server.server_close()
+        port = free_port()
+        env = {**os.environ, "OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "d3-test"}
+        process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(path), "--port", str(port)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
+        try:
+            assert wait_serving(f"http://127.0.0.1:{port}", process), "d3router serve did not start"
+            response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=chat() | {"model": "fixed"})
+            assert response.status_code == 200
+        finally:
+            process.send_signal(signal.SIGINT)  # no drain
+            out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err.decode()
-    sent = _Upstream.seen[-1]["traceparent"]
+    sent = seen[-1]["traceparent"]
     _, trace_id, span_id, _ = sent.split("-")
     # the console exporter prints each span as a JSON document, one after the other
     decoder, text, exported = json.JSONDecoder(), out.decode(), []
