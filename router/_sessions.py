@@ -151,8 +151,10 @@ class SessionTurn:
         assert self.key is not None  # found above
         self.ttl_s = settings.ttl_s
         store = self.sessions.store
-        stored = await store.get(_session_key(d3.policy, self.key), None if self.dry else settings.ttl_s)
-        previous = None if self._opening_turn() else self._upstreams(stored)
+        previous = None
+        if not self._opening_turn():  # an opening decides anew: nothing to read
+            stored = await store.get(_session_key(d3.policy, self.key), None if self.dry else settings.ttl_s)
+            previous = self._upstreams(stored)
         if previous is None:
             outcome, upstreams = "new", action.upstreams
         elif settings.mode == "escalate" and not self._tool_turn() and self._tier(action) > self._tier(previous):
