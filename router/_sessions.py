@@ -80,6 +80,7 @@ class SessionTurn:
         self.source: str | None = None
         self.ttl_s = 0.0
         self.dry = False  # explain: say what would happen, store nothing
+        self._turns: list[Turn] | None = None
 
     @property
     def wants_answer(self) -> bool:
@@ -122,10 +123,13 @@ class SessionTurn:
         return key
 
     def turns(self) -> list[Turn]:
-        try:
-            return self.api.turns(self.body, Content(lenient=True))
-        except BadRequest:  # decided already; a body the adapter cannot read has no turns to go by
-            return []
+        """The request's turns, read once (the opening, the opening-turn and the tool-result checks share them)."""
+        if self._turns is None:
+            try:
+                self._turns = self.api.turns(self.body, Content(lenient=True))
+            except BadRequest:  # decided already; a body the adapter cannot read has no turns to go by
+                self._turns = []
+        return self._turns
 
     def _opening(self) -> bytes | None:
         """The system turns and the first user turn, with the client's credential: what every later turn of the
@@ -219,9 +223,10 @@ def session_salt(server: ServerSettings, environ: Mapping[str, str]) -> bytes:
     name = server.sessions.salt_env
     if name is not None:
         value = environ.get(name)
-        if not value:
-            raise ValueError(f"server.sessions.salt_env names {name!r}, which is unset or empty in the environment")
-        return value.encode("utf-8")
+        if value:
+            return value.encode("utf-8")
+        logger.warning("server.sessions.salt_env names %r, which is unset or empty; session keys use the default "
+                       "salt", name)  # fmt: skip
     if server.redis is not None:
         return b"d3-router sessions"
     return os.urandom(32)

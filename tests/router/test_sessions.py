@@ -329,3 +329,17 @@ def test_escalate_without_tiers_warns_and_a_bad_redis_url_is_refused() -> None:
         ConfigError, match=r"expected a redis://host:port/db URL \(or rediss://, unix://\), found 'localhost:6379'"
     ):
         parse_config("server: {redis: 'localhost:6379'}\nupstreams: {a: {url: http://a/v1}}\n")
+
+
+def test_the_salt_comes_from_its_environment_variable(caplog: pytest.LogCaptureFixture) -> None:
+    from router._sessions import session_salt
+
+    def server(text: str) -> Any:
+        return parse_config(f"server: {text}\nupstreams: {{a: {{url: http://a/v1}}}}\n").server
+
+    named = server("{sessions: {salt_env: SALT}, redis: 'redis://r:6379/0'}")
+    assert session_salt(named, {"SALT": "pepper"}) == b"pepper"
+    assert session_salt(named, {}) == b"d3-router sessions"  # replicas sharing a Redis agree without it
+    assert "'SALT', which is unset or empty" in caplog.text
+    alone = server("{}")
+    assert session_salt(alone, {}) != session_salt(alone, {})  # random per process
