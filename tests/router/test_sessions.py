@@ -4,6 +4,7 @@ fingerprint; guards on every turn; the Responses chain; hashed keys in the store
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -333,6 +334,8 @@ def test_escalate_without_tiers_warns_and_a_bad_redis_url_is_refused() -> None:
 
 def test_the_salt_comes_from_its_environment_variable(caplog: pytest.LogCaptureFixture) -> None:
     from router._sessions import session_salt
+
+    caplog.set_level(logging.WARNING, logger="router._sessions")
 
     def server(text: str) -> Any:
         return parse_config(f"server: {text}\nupstreams: {{a: {{url: http://a/v1}}}}\n").server
