@@ -12,7 +12,7 @@ from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
 from policies._expr import Condition, ExpressionError, compile_condition
 from policies._load import Config, load_config, parse_config
 from policies._params import API_TITLES, APIS, PARAMS, ApiName, param_path
-from policies._policy import Action, Block, Decision, Policy, Route, Rule, StateSettings, Step
+from policies._policy import Action, Block, Decision, Policy, Route, Rule, SessionSettings, StateSettings, Step
 from policies._schema import (
     CacheSettings,
     ConfigSpec,
@@ -20,6 +20,7 @@ from policies._schema import (
     EngineSettings,
     RemoteSettings,
     ServerSettings,
+    SessionServerSettings,
     UpstreamSettings,
 )
 from policies._testing import PolicyTest, TestResult, run_test
@@ -49,6 +50,8 @@ __all__ = [
     "Route",
     "Rule",
     "ServerSettings",
+    "SessionServerSettings",
+    "SessionSettings",
     "StateSettings",
     "Step",
     "TestResult",

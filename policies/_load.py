@@ -20,7 +20,7 @@ from d3backend import Choice, Noul, Question, Score, answer_from
 from policies._errors import ConfigError, Issue, Path
 from policies._expr import ExpressionError, compile_condition
 from policies._params import API_TITLES, param_path
-from policies._policy import Block, Policy, Route, Rule, StateSettings
+from policies._policy import Block, Policy, Route, Rule, SessionSettings, StateSettings
 from policies._schema import (
     ActionSpec,
     ConfigSpec,
@@ -116,6 +116,15 @@ class _Compiler:
             if spec.shadow is not None and (spec.shadow == name or spec.shadow not in self.spec.policies):
                 others = ", ".join(repr(other) for other in self.spec.policies if other != name) or "none"
                 self.issue(("policies", name, "shadow"), f"the shadow must be another policy; expected one of {others}")
+        tiers = {upstream.tier for upstream in self.spec.upstreams.values()}
+        for name, spec in self.spec.policies.items():
+            if spec.session.mode == "escalate" and len(tiers) < 2:
+                self.issue(
+                    ("policies", name, "session", "mode"),
+                    "escalate moves a session to a stronger upstream, but every upstream has the same tier; "
+                    "set upstreams.NAME.tier (higher is stronger)",
+                    warning=True,
+                )
         default = self.spec.server.default_policy
         if default is not None and default not in self.spec.policies:
             known = ", ".join(map(repr, self.spec.policies)) or "none"
@@ -192,6 +201,7 @@ class _Compiler:
             frozenset(spec.apis),
             spec.ask,
             spec.shadow,
+            SessionSettings(spec.session.mode, spec.session.ttl_s),
         )
 
     def params(self, spec: ActionSpec, apis: Sequence[str], path: Path) -> None:

@@ -89,6 +89,14 @@ class StateSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """How a session's later turns are routed: `sticky`, `escalate` (by upstream tier, never down) or `off`."""
+
+    mode: Literal["sticky", "escalate", "off"] = "sticky"
+    ttl_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """A compiled policy. `questions` holds only those its rules read: the ones to ask the engine."""
 
@@ -102,6 +110,7 @@ class Policy:
     apis: frozenset[str] = frozenset(APIS)  # the client APIs it decides
     ask: Literal["together", "staged"] = "together"
     shadow: str | None = None  # a policy evaluated beside this one, never acted on
+    session: SessionSettings = SessionSettings()
     # The engine calls, in order, whose questions partition `questions`: one for `together`; for `staged`, the
     # questions of the rules up to the first that can route or block, then the rest (see `staging`).
     stages: tuple[Mapping[str, Question], ...] = field(init=False, repr=False, compare=False, default=())

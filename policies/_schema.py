@@ -138,6 +138,11 @@ class UpstreamSettings(Strict):
     pool_timeout_s: float = Field(
         1.0, gt=0, description="Longest wait for a free connection of this upstream; then 503 with Retry-After."
     )
+    tier: int = Field(
+        0,
+        description="This upstream's strength for policies with `session: {mode: escalate}`: higher is stronger. "
+        "A session's later turn may move to an upstream of a higher tier, never to a lower or equal one.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -324,6 +329,18 @@ class StateSpec(Strict):
     max_chars: int = Field(6000, gt=0, description="State budget; oldest text is cut first, and said so.")
 
 
+class SessionSpec(Strict):
+    """How a conversation's later turns are routed (the session is found by server.sessions)."""
+
+    mode: Literal["sticky", "escalate", "off"] = Field(
+        "sticky",
+        description="`sticky`: later turns keep the upstreams the session's first routed turn chose. `escalate`: a "
+        "later turn may move to an upstream of a higher `tier` (upstreams.NAME.tier, higher is stronger), never "
+        "back. `off`: every turn is decided alone. Block rules are evaluated on every turn in every mode.",
+    )
+    ttl_s: float = Field(3600.0, gt=0, description="A session is forgotten this long after its last turn.")
+
+
 class ExpectSpec(Strict):
     rule: str | None = None
     route: str | list[str] | None = None
@@ -367,6 +384,9 @@ class PolicySpec(Strict):
         description="Another policy evaluated on the same requests and answers but never acted on: /metrics counts "
         "where the two agree and the decision log records both. Promote it by editing and reloading.",
     )
+    session: SessionSpec = Field(
+        SessionSpec(), description="How a conversation's turns are routed: `sticky` (the default), `escalate`, `off`."
+    )
     questions: dict[str, QuestionSpec] = Field(default_factory=dict, max_length=MAX_QUESTIONS)
     rules: list[RuleSpec] = Field(min_length=1)
     tests: list[TestCaseSpec] = Field(default_factory=list)
@@ -396,6 +416,41 @@ class DecisionLogSettings(Strict):
     max_state_chars: int = Field(
         20_000, gt=0, description="With `states`: a longer state is not logged (the line says so), never cut."
     )
+
+
+class SessionServerSettings(Strict):
+    """How a request's session is found; keys are hashed (BLAKE2, salted) before they are stored or logged."""
+
+    session_id_header: bool = Field(True, description="Read the `x-session-id` request header.")
+    header: str | None = Field(None, description="Another header holding a session id, read after x-session-id.")
+    body_ids: bool = Field(
+        True,
+        description="Read the body's `user`, `safety_identifier`, `prompt_cache_key` (chat, responses) and "
+        "`metadata.user_id` (messages), and follow a Responses `previous_response_id` chain.",
+    )
+    fingerprint: bool = Field(
+        True,
+        description="With no id at all, the session is the conversation's opening (system prompt and first user turn, "
+        "with the client's credential hashed in).",
+    )
+    salt_env: str | None = Field(
+        None,
+        description="Environment variable holding the salt of hashed session keys. Unset: a random salt per process "
+        "without server.redis; with it, a fixed one, so set it on replicas that share a Redis.",
+    )
+    max_entries: int = Field(100_000, gt=0, description="Sessions the in-process store keeps (oldest dropped first).")
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, name: str | None) -> str | None:
+        if name is not None and not _HEADER_NAME.match(name):
+            raise PydanticCustomError("header", "expected a header name, found {n}", {"n": repr(name)})
+        return None if name is None else name.lower()
+
+    @field_validator("salt_env")
+    @classmethod
+    def _env(cls, name: str | None) -> str | None:
+        return _check_env(name)
 
 
 class ServerSettings(Strict):
@@ -430,6 +485,16 @@ class ServerSettings(Strict):
         16, ge=0, description="Images and videos one request may hand to the engine; more get 413."
     )
 
+    sessions: SessionServerSettings = SessionServerSettings()
+    redis: str | None = Field(
+        None,
+        description="redis://host:6379/0 (or rediss://): sessions are kept in this Redis, shared by replicas. Slow or "
+        "down, the router falls back to its in-process store (counted in /metrics) and returns to Redis by itself.",
+    )
+    redis_timeout_s: float = Field(
+        0.05, gt=0, le=5, description="Longest wait for one Redis call before the in-process store answers instead."
+    )
+
     drain_s: float = Field(
         5.0,
         ge=0,
@@ -460,6 +525,15 @@ class ServerSettings(Strict):
     @classmethod
     def _env(cls, name: str | None) -> str | None:
         return _check_env(name)
+
+    @field_validator("redis")
+    @classmethod
+    def _redis(cls, url: str | None) -> str | None:
+        if url is not None and not re.match(r"^(rediss?|unix)://\S+$", url):
+            raise PydanticCustomError(
+                "redis", "expected a redis://host:port/db URL (or rediss://, unix://), found {u}", {"u": repr(url)}
+            )
+        return url
 
 
 class ConfigSpec(Strict):

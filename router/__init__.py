@@ -16,7 +16,9 @@ from router._replay import Label, Outcome, TrafficError, TrafficLine, read_traff
 from router._report import markdown, summarize
 from router._report_html import html_page
 from router._service import D3Decision, RouterService, format_answers
+from router._sessions import Sessions, SessionTurn
 from router._state import BadChatRequest, BadRequest, DecisionState, MediaRules, Turn, build_state
+from router._store import MemoryStore, RedisStore, Store, build_store
 from router._tracing import disable_tracing, enable_tracing
 
 __all__ = [
@@ -37,17 +39,23 @@ __all__ = [
     "DecisionState",
     "Label",
     "MediaRules",
+    "MemoryStore",
     "Messages",
     "Outcome",
     "ProxyApp",
+    "RedisStore",
     "Responses",
     "RouterService",
+    "SessionTurn",
+    "Sessions",
+    "Store",
     "Threshold",
     "TrafficError",
     "TrafficLine",
     "Turn",
     "build_engine",
     "build_state",
+    "build_store",
     "create_app",
     "curve",
     "detect",

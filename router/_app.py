@@ -46,7 +46,9 @@ from router._http import (
     send_json,
 )
 from router._service import D3Decision, RouterService
+from router._sessions import Sessions, SessionTurn, session_salt
 from router._state import BadRequest
+from router._store import build_store
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,11 @@ class ProxyApp:
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
         self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
+        # Sessions (issue 12): their store is chosen once, here: Redis with server.redis, else in-process.
+        server = config.server
+        store = build_store(server.redis, timeout_s=server.redis_timeout_s, metrics=self.service.metrics,
+                            max_entries=server.sessions.max_entries)  # fmt: skip
+        self.sessions = Sessions(store, server.sessions, session_salt(server, self.environ), self.service.metrics)
         self.ready = engine is None
         self.draining = False  # set on SIGTERM (router._serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
@@ -185,6 +192,7 @@ class ProxyApp:
         if self._owns_engine and self.service.engine is not None:
             await self.service.engine.aclose()
         await self.forwarder.aclose()
+        await self.sessions.store.aclose()
         if self.service.decision_log is not None:
             self.service.decision_log.close()
             self.service.decision_log = None
@@ -217,8 +225,9 @@ class ProxyApp:
             await send_json(send, 404, api.error(404, message, "invalid_request_error", "model_not_found", "model"))
             return
         request_id = _logging.request_id() or _header(scope, b"x-request-id") or uuid.uuid4().hex
+        turn = self.sessions.turn(api, scope["headers"], body, config)
         try:
-            d3 = await self.service.decide(policy, body, request_id, api=api, snapshot=snapshot)
+            d3 = await self.service.decide(policy, body, request_id, api=api, snapshot=snapshot, after=turn.route)
             _logging.noted(_logging.current(), d3)
         except BadRequest as exc:
             self.service.metrics.request(policy.name, "-", "invalid", exc.status)
@@ -232,12 +241,12 @@ class ProxyApp:
             await send_json(send, action.status, error, encode_headers(d3.headers()))
             return
         await cancel_on_disconnect(
-            receive, lambda: self._route(api, scope, send, raw, body, d3, action.upstreams, config)
+            receive, lambda: self._route(api, scope, send, raw, body, d3, action.upstreams, config, turn)
         )
 
     async def _route(
         self, api: Api, scope: Scope, send: Send, raw: bytes, body: dict[str, Any], d3: D3Decision,
-        upstreams: tuple[str, ...], config: Config,
+        upstreams: tuple[str, ...], config: Config, turn: SessionTurn | None = None,
     ) -> None:  # fmt: skip
         metrics = self.service.metrics
         failure: Failure = (502, "no upstream was tried")
@@ -262,14 +271,17 @@ class ProxyApp:
                     metrics.upstream_errors[(name, str(response.status_code))] += 1
                     failure = (502, f"upstream {name!r} answered {response.status_code}")
                     continue
+                whole: list[bytes] | None = [] if turn is not None and turn.wants_answer else None
                 try:
-                    if not await relay(response, send, encode_headers(d3.headers(upstream=name)), name):
+                    if not await relay(response, send, encode_headers(d3.headers(upstream=name)), name, whole):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
                     failure = (502, str(exc))
                     continue
                 metrics.request(d3.policy, d3.decision.rule, "route", response.status_code)
+                if whole and turn is not None and response.status_code < 300:  # the client has its answer already
+                    await turn.remember(whole[0])
                 return
         metrics.request(d3.policy, d3.decision.rule, "route", failure[0])
         error = api.error(failure[0], failure[1], "upstream_error")
@@ -348,7 +360,9 @@ class ProxyApp:
         try:
             _, body = await read_request(scope, receive, self.config.server.max_body_bytes)
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            payload = await self.service.explain(body, detect(body, (query.get("api") or [None])[0]))
+            api = detect(body, (query.get("api") or [None])[0])
+            turn = self.sessions.turn(api, scope["headers"], body, self.config, dry=True)
+            payload = await self.service.explain(body, api, after=turn.route)
         except BadRequest as exc:
             await send_error(send, exc.status, exc.message, "invalid_request_error", param=exc.param)
             return

@@ -120,12 +120,15 @@ async def cancel_on_disconnect(receive: Receive, work: Callable[[], Awaitable[No
 BUFFER_LIMIT = 1024 * 1024
 
 
-async def relay(response: httpx.Response, send: Send, extra: Headers, upstream: str = "upstream") -> bool:
+async def relay(
+    response: httpx.Response, send: Send, extra: Headers, upstream: str = "upstream", whole: list[bytes] | None = None
+) -> bool:
     """Send `response` to the client: status, headers (hop-by-hop removed), raw bytes. An event stream goes on as it
     arrives, unbuffered. Any other body is read whole first (up to `BUFFER_LIMIT`, then streamed), so an upstream
     that breaks off mid-way raises `UpstreamBroke` while nothing has reached the client, and the caller can try
     another upstream or answer 502. Once started, a break logs one warning, leaves the response incomplete (the
-    server closes the connection: the client sees the cut) and returns False. The upstream response is closed."""
+    server closes the connection: the client sees the cut) and returns False. The upstream response is closed.
+    A body read whole is also appended to `whole`, when given (the session of a Responses answer's id)."""
     headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
     start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
     stream = response.aiter_raw()
@@ -140,8 +143,11 @@ async def relay(response: httpx.Response, send: Send, extra: Headers, upstream: 
                     if size > BUFFER_LIMIT:
                         break
                 else:
+                    body = b"".join(chunks)
                     await send(start)
-                    await send({"type": "http.response.body", "body": b"".join(chunks)})
+                    await send({"type": "http.response.body", "body": body})
+                    if whole is not None:
+                        whole.append(body)
                     return True
             except httpx.HTTPError as exc:
                 raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc

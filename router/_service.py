@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -51,6 +51,9 @@ class D3Decision:
     # `shadow: NAME`: that policy's decision on the same answers, never acted on (None when it has none, or when
     # it needed questions this request did not ask: then it is decided after the response, see RouterService).
     shadow: Decision | None = None
+    # Sessions (router/_sessions.py): new, sticky, escalated or off for a routed turn; its hashed key.
+    session: str | None = None
+    session_key: str | None = None
 
     @property
     def action(self) -> str:
@@ -68,6 +71,8 @@ class D3Decision:
         ]
         if upstream is not None:
             headers.append(("x-d3-upstream", upstream))
+        if self.session is not None:
+            headers.append(("x-d3-session", self.session))
         if self.answers:
             headers.append(("x-d3-answers", format_answers(self.answers)))
         if self.skipped:
@@ -109,10 +114,14 @@ class D3Decision:
                 "trace": [{"rule": s.rule, "when": s.when, "matched": s.matched} for s in self.decision.trace],
             },
             "shadow": None if self.shadow is None else _decision_json(self.shadow, agrees(self.decision, self.shadow)),
+            "session": None if self.session is None else {"outcome": self.session, "key": self.session_key},
             "engine_error": self.engine_error,
             "decision_ms": round(self.decision_ms, 3),
             "cached": self.cached,
         }
+
+
+After = Callable[[D3Decision], Awaitable[D3Decision]]  # changes a decision before it is logged (sessions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,10 +197,11 @@ class RouterService:
 
     async def decide(
         self, policy: Policy, body: Mapping[str, Any], request_id: str = "", *, api: Api = CHAT,
-        snapshot: Snapshot | None = None,
+        snapshot: Snapshot | None = None, after: After | None = None,
     ) -> D3Decision:  # fmt: skip
         """Decide for a parsed request body of `api` (chat by default) under `snapshot` (the current one by
-        default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error."""
+        default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error.
+        `after` may change the decision before it is logged (the session's route, router/_sessions.py)."""
         snapshot = snapshot or self.snapshot
         with _tracing.span("d3.state"):  # tracing (issue 14.4): the hooks are `with` blocks, no-ops when it is off
             state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
@@ -237,6 +247,8 @@ class RouterService:
         d3 = D3Decision(policy.name, decision, answers, state, elapsed_ms, cached, error, skipped, calls[0])
         if policy.shadow is not None and error is None:
             d3 = self._shadow(d3, snapshot, request_id)
+        if after is not None:
+            d3 = await after(d3)
         if self.decision_log is not None:
             self._log(d3, request_id, snapshot.config)
         return d3
@@ -329,7 +341,7 @@ class RouterService:
         self.engine_calls[policy.name] += 1
         self.questions_asked[policy.name] += len(questions)
 
-    async def explain(self, body: Mapping[str, Any], api: Api = CHAT) -> dict[str, Any]:
+    async def explain(self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None) -> dict[str, Any]:
         """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides."""
         config = self.snapshot.config
         model = body.get("model")
@@ -341,7 +353,7 @@ class RouterService:
                 f"no policy is named {model!r} and server.default_policy is unset; explain needs a policy's name",
                 "model", status=404,
             )  # fmt: skip
-        d3 = await self.decide(policy, body, api=api)
+        d3 = await self.decide(policy, body, api=api, after=after)
         payload = d3.explain()
         payload["api"] = api.name
         payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
@@ -362,6 +374,11 @@ class RouterService:
         }
         if d3.skipped:
             entry["skipped"] = list(d3.skipped)
+        if d3.session is not None:
+            entry["session"] = d3.session
+            entry["session_key"] = d3.session_key
+            if isinstance(d3.decision.action, Route):
+                entry["upstreams"] = list(d3.decision.action.upstreams)
         if d3.shadow is not None:
             entry["shadow"] = _decision_json(d3.shadow, agrees(d3.decision, d3.shadow))
         settings = config.server.decision_log

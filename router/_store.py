@@ -1,0 +1,184 @@
+"""Shared state behind one small protocol: an in-process bounded store, or Redis shared by replicas.
+
+    store = build_store(config.server, metrics)        # chosen once, at start
+    await store.set("session:3f9a...", "large,small", ttl_s=3600)
+    await store.get("session:3f9a...")                 # "large,small", or None
+
+Keys are hashed by the caller and values are upstream names: a store never holds a prompt or a body.
+
+`RedisStore` writes through to an in-process store and answers from it whenever Redis is slow or down: each Redis
+call waits at most `server.redis_timeout_s`; after a failure Redis is left alone for `RETRY_S` (no request waits on a
+dead server), then the next call tries it again. Failures and fallbacks are counted in `/metrics`, and the router
+logs one line when Redis goes away and one when it is back, never one per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from cachetools import TLRUCache
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from router._metrics import Counts, Metrics
+
+logger = logging.getLogger(__name__)
+
+_FAILURES = (RedisError, OSError, TimeoutError)  # redis-py's errors, sockets, and our own timeout
+RETRY_S = 1.0  # after a Redis failure, how long the in-process store answers alone before Redis is tried again
+
+
+class Store(Protocol):
+    """Where sessions live: string keys (hashed) to short string values (upstream names), each with a TTL."""
+
+    async def get(self, key: str, ttl_s: float | None = None) -> str | None:
+        """The value of `key`, or None; with `ttl_s`, its TTL starts again (a session lives from its last turn)."""
+        ...
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryStore:
+    """The in-process store: bounded (the least recently used go first) and with a TTL per entry."""
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        # Each entry is (value, its deadline on the monotonic clock): a TTL per entry.
+        self._cache: TLRUCache[str, tuple[str, float]] = TLRUCache(
+            max_entries, ttu=lambda _key, entry, _now: entry[1], timer=time.monotonic
+        )
+
+    async def get(self, key: str, ttl_s: float | None = None) -> str | None:
+        return self.get_now(key, ttl_s)
+
+    def get_now(self, key: str, ttl_s: float | None = None) -> str | None:
+        entry = self._cache.get(key)
+        if entry is None:
+            return None
+        if ttl_s is not None:
+            self.set_now(key, entry[0], ttl_s)
+        return entry[0]
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        self.set_now(key, value, ttl_s)
+
+    def set_now(self, key: str, value: str, ttl_s: float) -> None:
+        self._cache[key] = (value, time.monotonic() + ttl_s)
+
+    def ttl(self, key: str) -> float:
+        """The seconds `key` has left (0 when it is gone)."""
+        entry = self._cache.get(key)
+        return 0.0 if entry is None else max(0.0, entry[1] - time.monotonic())
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    async def aclose(self) -> None:
+        self._cache.clear()
+
+
+class RedisStore:
+    """Redis (the `redis` package's asyncio client, one connection pool), written through to a `MemoryStore` that
+    answers while Redis cannot. A value Redis lost (a restart) but this process still holds is written back."""
+
+    def __init__(self, url: str, *, timeout_s: float, metrics: Metrics, max_entries: int = 100_000) -> None:
+        self.url = url
+        self.timeout_s = timeout_s
+        self.local = MemoryStore(max_entries)
+        self._redis = Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=64, decode_responses=True
+        )
+        self._down_until = 0.0  # monotonic time before which Redis is not tried
+        self._down = False
+        self.errors: Counts[str] = metrics.counter(
+            "d3router_redis_errors", "Redis calls that failed or timed out, by operation.", ("op",)
+        )
+        self.fallbacks: Counts[str] = metrics.counter(
+            "d3router_redis_fallbacks",
+            "Store calls answered by the in-process store because Redis was slow or down, by operation.",
+            ("op",),
+        )
+
+    async def get(self, key: str, ttl_s: float | None = None) -> str | None:
+        if not self._usable():
+            self.fallbacks["get"] += 1
+            return self.local.get_now(key, ttl_s)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                # GETEX: the read and the TTL's restart in one round trip (Redis 6.2+).
+                value = await (self._redis.get(key) if ttl_s is None else self._redis.getex(key, px=_ms(ttl_s)))
+        except _FAILURES as exc:  # a store never fails a request
+            self._failed("get", exc)
+            return self.local.get_now(key, ttl_s)
+        if isinstance(value, str) and ttl_s is not None:
+            self.local.set_now(key, value, ttl_s)  # what this process would answer with, should Redis go away
+        self._ok()
+        if isinstance(value, str):
+            return value
+        kept = self.local.get_now(key)
+        if kept is not None:  # Redis lost it (a restart without persistence) while this process kept it
+            await self._put("set", key, kept, self.local.ttl(key))
+        return kept
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        self.local.set_now(key, value, ttl_s)
+        await self._put("set", key, value, ttl_s)
+
+    async def _put(self, op: str, key: str, value: str, ttl_s: float) -> None:
+        if not self._usable():
+            self.fallbacks[op] += 1
+            return
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._redis.set(key, value, px=_ms(ttl_s))
+        except _FAILURES as exc:
+            self._failed(op, exc)
+            return
+        self._ok()
+
+    def _usable(self) -> bool:
+        return not self._down or time.monotonic() >= self._down_until
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        self.errors[op] += 1
+        self.fallbacks[op] += 1
+        self._down_until = time.monotonic() + RETRY_S
+        if not self._down:
+            self._down = True
+            logger.warning("redis %s failed (%s); sessions are kept in-process until it answers again",
+                           _safe(self.url), type(exc).__name__)  # fmt: skip
+
+    def _ok(self) -> None:
+        if self._down:
+            self._down = False
+            logger.warning("redis %s answers again; sessions are shared again", _safe(self.url))
+
+    async def aclose(self) -> None:
+        try:
+            async with asyncio.timeout(1.0):
+                await self._redis.aclose()
+        except _FAILURES as exc:  # closing a pool to a dead server must not fail the shutdown
+            logger.debug("redis close: %s", exc)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _safe(url: str) -> str:
+    """The URL without its password, for logs."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+
+
+def build_store(redis: str | None, *, timeout_s: float, metrics: Metrics, max_entries: int) -> MemoryStore | RedisStore:
+    """The store for this process: Redis when `server.redis` is set, else in-process."""
+    if redis is None:
+        return MemoryStore(max_entries)
+    return RedisStore(redis, timeout_s=timeout_s, metrics=metrics, max_entries=max_entries)
