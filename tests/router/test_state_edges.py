@@ -9,6 +9,10 @@ import pytest
 
 from policies import StateSettings
 from router import BadChatRequest, DecisionState, MediaRules, extract_state
+from router._anthropic import MESSAGES
+from router._apis import CHAT, COMPLETIONS, RESPONSES, Api, _on_fresh_stack
+from router._endpoints import detect
+from router._state import BadRequest
 
 PNG = "data:image/png;base64,iVBORw0KGgo="
 MP4 = "data:video/mp4;base64,AAAAIGZ0eXA="
@@ -104,3 +108,122 @@ def test_bad_messages_name_what_was_found(messages: Any, found: str) -> None:
     with pytest.raises(BadChatRequest) as caught:
         state(messages)
     assert caught.value.message.endswith(f"found {found}")
+
+
+# --- The API adapters at their edges: the field each refusal names, the words it says, the key headers, tool calls
+# as the decision reads them (mutants of router/_apis.py, router/_anthropic.py, router/_endpoints.py).
+
+LAST = StateSettings("last_user", 6000)
+CONVERSATION = StateSettings("conversation", 6000)
+
+
+def refusal(api: Api, body: dict[str, Any], lenient: bool = False) -> BadRequest:
+    with pytest.raises(BadRequest) as caught:
+        api.state(body, LAST, MediaRules(), lenient=lenient)
+    return caught.value
+
+
+def api_state(api: Api, body: dict[str, Any], lenient: bool = False) -> DecisionState:
+    return api.state(body, CONVERSATION, MediaRules(), lenient=lenient)
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "param"),
+    [
+        ({}, "`prompt` is missing; expected a string or a list of strings", "prompt"),
+        ({"prompt": {"a": 1}}, "`prompt` must be a string or a list of strings, found an object", "prompt"),
+        ({"prompt": []}, "`prompt` is empty; expected a string or at least one string", "prompt"),
+        ({"prompt": ["ok", None]}, "prompt[1] must be a string, found null", "prompt[1]"),
+    ],
+)
+def test_completions_refusals_name_their_field(body: dict[str, Any], message: str, param: str) -> None:
+    error = refusal(COMPLETIONS, body)
+    assert (error.message, error.param, error.status) == (message, param, 400)
+
+
+def test_a_responses_body_without_input_names_the_field() -> None:
+    error = refusal(RESPONSES, {"model": "m"})
+    assert (error.message, error.param) == ("`input` is missing; expected a string or a list of input items", "input")
+
+
+def test_an_unknown_api_name_lists_the_known_ones_and_names_the_field() -> None:
+    with pytest.raises(BadRequest) as caught:
+        detect({}, "soap")
+    assert caught.value.message == "unknown api 'soap'; expected one of chat, completions, responses, messages"
+    assert caught.value.param == "api"
+
+
+def test_an_unreadable_part_is_refused_with_the_setting_that_allows_it() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]}]}
+    error = refusal(CHAT, body)
+    assert error.param == "messages[0].content[0].type"
+    assert error.message == (
+        "messages[0].content[0] has type 'input_audio', which d3-router cannot read for its decision; send text,"
+        " images or videos, or set server.unknown_parts: ignore to leave such parts out of the decision"
+    )
+
+
+def test_every_unreadable_part_left_out_is_counted() -> None:
+    parts = [{"type": "input_audio"}, {"type": "text", "text": "hi"}, {"type": "file"}]
+    result = api_state(CHAT, {"messages": [{"role": "user", "content": parts}]}, lenient=True)
+    assert (result.state, result.ignored) == ("user: hi", 2)
+
+
+@pytest.mark.parametrize(
+    ("function", "line"),
+    [
+        ({"name": "lookup"}, "[tool call] lookup()"),  # no arguments: empty parentheses, not "None"
+        ({"name": "lookup", "arguments": '{"q": "x"}'}, '[tool call] lookup({"q": "x"})'),  # a string as it is
+        ({"name": "lookup", "arguments": {"q": "é"}}, '[tool call] lookup({"q": "é"})'),  # an object as JSON
+    ],
+)
+def test_an_assistants_tool_call_reads_as_its_name_and_arguments(function: dict[str, Any], line: str) -> None:
+    message = {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": function}]}
+    assert api_state(CHAT, {"messages": [message]}).state == f"assistant: {line}"
+
+
+def test_an_anthropic_tool_input_keeps_its_non_ascii_text() -> None:
+    block = {"type": "tool_use", "id": "t1", "name": "say", "input": {"text": "grüße"}}
+    body = {"messages": [{"role": "assistant", "content": [block]}]}
+    assert api_state(MESSAGES, body).state == 'assistant: [tool call] say({"text": "grüße"})'
+
+
+def test_an_anthropic_image_source_without_a_type_names_the_field() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "image", "source": {"data": "x"}}]}]}
+    error = refusal(MESSAGES, body)
+    assert error.param == "messages[0].content[0].source.type"
+    assert error.message == "messages[0].content[0].source.type must be base64 or url, found null"
+
+
+def test_an_anthropic_image_of_an_unknown_source_left_out_is_neither_kept_nor_dropped() -> None:
+    image = {"type": "image", "source": {"type": "file", "file_id": "f1"}}
+    body = {"messages": [{"role": "user", "content": [image, {"type": "text", "text": "see"}]}]}
+    result = api_state(MESSAGES, body, lenient=True)
+    assert (result.images, result.dropped, result.ignored) == ((), (), 1)
+
+
+def test_an_http_url_that_cannot_be_split_is_dropped_as_malformed() -> None:
+    part = {"type": "image_url", "image_url": {"url": "http://[::1/x.png"}}
+    result = api_state(CHAT, {"messages": [{"role": "user", "content": [part]}]})
+    assert result.dropped == ("malformed URL",)
+
+
+@pytest.mark.parametrize(
+    ("api", "header", "value"),
+    [(CHAT, b"authorization", b"Bearer sk-\xe9?"), (MESSAGES, b"x-api-key", b"sk-\xe9?")],
+)
+def test_the_key_header_is_lower_case_and_a_key_outside_latin_1_is_replaced_not_raised(
+    api: Api, header: bytes, value: bytes
+) -> None:
+    # HTTP/2 and ASGI want lower-case header names; a key with a character latin-1 lacks is sent with `?` for it.
+    assert api.key_headers("sk-é€") == [(header, value)]
+
+
+def test_a_body_is_encoded_on_a_fresh_stack_and_one_too_deep_for_any_stack_is_refused() -> None:
+    assert _on_fresh_stack({"model": "m", "n": [1, "é"]}) == b'{"model":"m","n":[1,"\xc3\xa9"]}'
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(BadRequest, match=r"^the request body is nested too deeply to be forwarded$") as caught:
+        _on_fresh_stack({"messages": deep})
+    assert (caught.value.status, caught.value.param) == (400, None)
