@@ -165,3 +165,19 @@ def test_a_reader_error_without_a_mark_names_the_file_and_no_place() -> None:
     (issue,) = issues("upstreams: \x07\n", "bad.yaml")
     assert (issue.file, issue.path) == ("bad.yaml", ())
     assert issue.message.startswith("invalid YAML: ")
+
+
+def test_the_depth_error_names_the_character_and_leaves_the_source_out() -> None:
+    # `not`s, not parentheses: mutmut's trampolines run out of stack on 65 parentheses before the limit is reached.
+    from d3backend import Noul
+    from policies import ExpressionError, compile_condition
+
+    source = "not " * 65 + "j > 0.9"
+    with pytest.raises(ExpressionError) as caught:
+        compile_condition(source, {"j": Noul(None)})
+    message = (
+        "the condition nests deeper than 64 levels (at character 257); use fewer parentheses, `not`s or brackets,"
+        " e.g. `a and b and c` needs none"
+    )
+    assert (str(caught.value), caught.value.message) == (message, message)
+    assert (caught.value.source, caught.value.pos) == (source, 256)

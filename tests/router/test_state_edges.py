@@ -3,6 +3,7 @@ the refusals. Each test kills mutants mutmut found surviving (benchmarks/results
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -227,3 +228,70 @@ def test_a_body_is_encoded_on_a_fresh_stack_and_one_too_deep_for_any_stack_is_re
     with pytest.raises(BadRequest, match=r"^the request body is nested too deeply to be forwarded$") as caught:
         _on_fresh_stack({"messages": deep})
     assert (caught.value.status, caught.value.param) == (400, None)
+
+
+@pytest.mark.parametrize(
+    ("body", "message", "param"),
+    [
+        ({"system": "s"}, "`messages` is missing; expected a list of messages", "messages"),
+        ({"messages": []}, "`messages` is empty; expected at least one message", "messages"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role must be one of assistant, user",
+         "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 3}]},
+         "messages[0].content must be a string or a list of content blocks, found a number", "messages[0].content"),
+        ({"messages": [{"role": "user", "content": ["x"]}]}, "messages[0].content[0] must be an object with a `type`",
+         "messages[0].content[0]"),
+        ({"system": [{"type": "image"}], "messages": [{"role": "user", "content": "x"}]},
+         "system[0] has type 'image'; `system` takes text blocks only", "system[0].type"),
+    ],
+)  # fmt: skip
+def test_anthropic_refusals_name_their_field(body: dict[str, Any], message: str, param: str) -> None:
+    error = refusal(MESSAGES, body)
+    assert (error.message, error.param) == (message, param)
+
+
+def test_an_anthropic_tool_result_without_content_is_an_empty_tool_turn() -> None:
+    block = {"type": "tool_result", "tool_use_id": "t1"}
+    result = MESSAGES.state(
+        {"messages": [{"role": "user", "content": [block]}]}, StateSettings("json", 6000), MediaRules()
+    )
+    assert result.state == [{"role": "tool", "content": ""}]
+
+
+def test_a_message_of_tool_results_only_adds_no_empty_user_turn() -> None:
+    result = [{"type": "tool_result", "tool_use_id": "t1", "content": "42"}]
+    body = {"messages": [{"role": "user", "content": "the question"}, {"role": "user", "content": result}]}
+    assert refusal_free(body, "last_user") == "the question"
+    assert refusal_free(body, "json") == [
+        {"role": "user", "content": "the question"},
+        {"role": "tool", "content": "42"},
+    ]
+
+
+def test_an_image_beside_a_tool_result_is_kept() -> None:
+    png = "data:image/png;base64,iVBORw0KGgo="
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    blocks = [{"type": "tool_result", "tool_use_id": "t1", "content": "42"}, image]
+    result = MESSAGES.state({"messages": [{"role": "user", "content": blocks}]}, LAST, MediaRules())
+    assert result.images == (png,)
+
+
+def test_an_empty_anthropic_content_list_is_still_a_turn() -> None:
+    body = {"messages": [{"role": "user", "content": []}]}
+    assert refusal_free(body, "conversation") == "user: "
+
+
+def refusal_free(body: dict[str, Any], source: str) -> Any:
+    return MESSAGES.state(body, StateSettings(source, 6000), MediaRules()).state  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(500, "api_error"), (502, "api_error"), (499, "invalid_request_error"), (503, "overloaded_error"),
+     (403, "permission_error")],
+)  # fmt: skip
+def test_anthropic_errors_are_typed_by_status(status: int, kind: str) -> None:
+    assert json.loads(MESSAGES.error(status, "m", "ignored")) == {
+        "type": "error",
+        "error": {"type": kind, "message": "m"},
+    }
