@@ -295,3 +295,75 @@ def test_anthropic_errors_are_typed_by_status(status: int, kind: str) -> None:
         "type": "error",
         "error": {"type": kind, "message": "m"},
     }
+
+
+def responses(*items: Any, source: str = "json", lenient: bool = False) -> Any:
+    body = {"input": list(items)}
+    return RESPONSES.state(body, StateSettings(source, 6000), MediaRules(), lenient=lenient)  # type: ignore[arg-type]
+
+
+def test_a_responses_string_input_is_a_user_turn() -> None:
+    body = {"instructions": "be brief", "input": "hi"}
+    result = RESPONSES.state(body, StateSettings("json", 6000), MediaRules())
+    assert result.state == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+
+
+def test_responses_items_of_every_kind_read_as_their_turns() -> None:
+    png = "data:image/png;base64,iVBORw0KGgo="
+    items = [
+        {"role": "system", "content": "rules"},
+        {"type": "function_call", "name": "f", "call_id": "c1"},
+        {"type": "custom_tool_call", "name": "g", "input": "raw text", "call_id": "c2"},
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_image", "image_url": png}]},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "done"},
+    ]
+    result = responses(*items)
+    assert result.state == [
+        {"role": "system", "content": "rules"},
+        {"role": "assistant", "content": "[tool call] f()"},
+        {"role": "assistant", "content": "[tool call] g(raw text)"},
+        {"role": "tool", "content": ""},
+        {"role": "tool", "content": "done"},
+    ]
+    assert result.images == (png,)
+
+
+def test_unreadable_parts_of_tool_outputs_and_summaries_are_counted() -> None:
+    items = [
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_file", "file_id": "f"}]},
+        {"type": "reasoning", "summary": [{"type": "input_audio"}]},
+        {"role": "user", "content": "hi"},
+    ]
+    assert responses(*items, lenient=True).ignored == 2
+    with pytest.raises(BadRequest) as caught:
+        responses(*items[1:])
+    assert caught.value.param == "input[0].summary[0].type"
+
+
+@pytest.mark.parametrize(
+    ("items", "message", "param"),
+    [
+        ([], "`input` is empty; expected at least one item", "input"),
+        ([{"role": "tool", "content": "x"}], "input[0].role must be one of assistant, developer, system, user",
+         "input[0].role"),
+        ([{"type": 3}], "input[0].type must be a string", "input[0].type"),
+        (["x"], "input[0] must be an input item (an object)", "input[0]"),
+        ([{"type": "reasoning", "summary": "x"}], "input[0].summary must be a list, found a string", "input[0].summary"),
+    ],
+)  # fmt: skip
+def test_responses_refusals_name_their_field(items: list[Any], message: str, param: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        responses(*items)
+    assert (caught.value.message, caught.value.param) == (message, param)
+
+
+def test_a_legacy_function_call_reads_as_a_tool_call() -> None:
+    message = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}
+    assert api_state(CHAT, {"messages": [message]}).state == "assistant: [tool call] f({})"
+
+
+def test_the_chat_error_body_carries_its_code_and_param() -> None:
+    error = json.loads(CHAT.error(400, "bad", "invalid_request_error", "bad_field", "messages"))
+    assert error == {
+        "error": {"message": "bad", "type": "invalid_request_error", "code": "bad_field", "param": "messages"}
+    }
