@@ -367,3 +367,66 @@ def test_the_chat_error_body_carries_its_code_and_param() -> None:
     assert error == {
         "error": {"message": "bad", "type": "invalid_request_error", "code": "bad_field", "param": "messages"}
     }
+
+
+def test_rewrite_skips_a_parameter_the_api_cannot_take_and_sets_the_rest() -> None:
+    body = {"model": "m", "prompt": "hi"}
+    raw = COMPLETIONS.rewrite(b"", body, None, {"reasoning_effort": "high", "temperature": 0.5})
+    assert json.loads(raw) == {"model": "m", "prompt": "hi", "temperature": 0.5}
+
+
+def test_rewrite_replaces_a_nested_parameters_holder_that_is_not_an_object() -> None:
+    body = {"model": "m", "input": "hi", "reasoning": "fast"}
+    raw = RESPONSES.rewrite(b"", body, None, {"reasoning_effort": "high"})
+    assert json.loads(raw) == {"model": "m", "input": "hi", "reasoning": {"effort": "high"}}
+
+
+def test_a_body_the_stack_in_use_cannot_encode_is_encoded_on_a_fresh_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import router._apis
+    from d3backend import json_bytes
+
+    threads: list[str] = []
+
+    def on_a_short_stack(body: Any) -> bytes:  # the request thread's stack is used up; a new thread's is not
+        threads.append(threading.current_thread().name)
+        if threading.current_thread() is threading.main_thread():
+            raise RecursionError
+        return json_bytes(body)
+
+    monkeypatch.setattr(router._apis, "json_bytes", on_a_short_stack)
+    assert CHAT.rewrite(b"", {"model": "m", "messages": []}, "big", {}) == b'{"model":"big","messages":[]}'
+    assert threads == ["MainThread", "d3-rewrite"]
+
+
+def test_tool_calls_that_are_not_a_list_name_their_field() -> None:
+    message = {"role": "assistant", "content": "x", "tool_calls": "f()"}
+    error = refusal(CHAT, {"messages": [message]})
+    assert (error.message, error.param) == (
+        "messages[0].tool_calls must be a list, found a string",
+        "messages[0].tool_calls",
+    )
+
+
+def test_an_assistants_text_and_tool_calls_are_one_turn_line_by_line_and_odd_calls_are_left_out() -> None:
+    calls = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}, "junk", {"type": "function"}]
+    message = {"role": "assistant", "content": "let me look", "tool_calls": calls}
+    assert api_state(CHAT, {"messages": [message]}).state == "assistant: let me look\n[tool call] f({})"
+
+
+@pytest.mark.parametrize(
+    ("field", "param"),
+    [
+        ("tool_calls", "messages[0].tool_calls[0].function.arguments"),
+        ("function_call", "messages[0].function_call.arguments"),
+    ],
+)
+def test_tool_call_arguments_too_deep_to_read_name_their_field(field: str, param: str) -> None:
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    function = {"name": "f", "arguments": deep}
+    call = [{"type": "function", "function": function}] if field == "tool_calls" else function
+    error = refusal(CHAT, {"messages": [{"role": "assistant", "content": None, field: call}]})
+    assert (error.message, error.param) == (f"{param} is nested too deeply to be read for the decision", param)
