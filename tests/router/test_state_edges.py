@@ -430,3 +430,30 @@ def test_tool_call_arguments_too_deep_to_read_name_their_field(field: str, param
     call = [{"type": "function", "function": function}] if field == "tool_calls" else function
     error = refusal(CHAT, {"messages": [{"role": "assistant", "content": None, field: call}]})
     assert (error.message, error.param) == (f"{param} is nested too deeply to be read for the decision", param)
+
+
+def test_build_state_of_no_turns_is_empty_and_counts_nothing_ignored() -> None:
+    from router._state import build_state
+
+    assert build_state([], StateSettings("last_user", 100)) == DecisionState("")
+
+
+def test_the_media_limit_is_inclusive_and_its_refusal_names_the_setting() -> None:
+    from router._state import Turn, build_state
+
+    png = "data:image/png;base64,iVBORw0KGgo="
+    three = [Turn("user", "see", (("image", png),) * 3)]
+    assert len(build_state(three, LAST, MediaRules(max_items=3)).images) == 3
+    with pytest.raises(BadRequest) as caught:
+        build_state(three, LAST, MediaRules(max_items=2))
+    assert caught.value.status == 413
+    assert caught.value.message == (
+        "the request hands 3 images and videos to the decision; at most 2 are allowed (server.max_media_items)"
+    )
+
+
+def test_an_input_image_url_that_is_not_a_string_names_its_field() -> None:
+    part = {"type": "input_image", "image_url": {"url": "x"}}
+    error = refusal(RESPONSES, {"input": [{"role": "user", "content": [part]}]})
+    assert error.param == "input[0].content[0].image_url"
+    assert error.message == "input[0].content[0].image_url must be a string (an https or data URL), found an object"
