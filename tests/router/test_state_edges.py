@@ -457,3 +457,41 @@ def test_an_input_image_url_that_is_not_a_string_names_its_field() -> None:
     error = refusal(RESPONSES, {"input": [{"role": "user", "content": [part]}]})
     assert error.param == "input[0].content[0].image_url"
     assert error.message == "input[0].content[0].image_url must be a string (an https or data URL), found an object"
+
+
+def test_a_duplicate_key_is_named_not_the_first_key_of_its_object() -> None:
+    from router._endpoints import parse_json
+
+    with pytest.raises(BadRequest) as caught:
+        parse_json(b'{"a": 1, "b": 2, "b": 3}')
+    assert caught.value.message == "the request body gives the key 'b' twice; send each key once"
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b'{"a": "\xff"}', "the request body is not a JSON object: invalid UTF-8"),
+        (b"{", "the request body is not a JSON object: invalid JSON"),
+        (b"[]", "the request body must be a JSON object"),
+    ],
+)
+def test_a_body_that_is_not_a_json_object_says_why(raw: bytes, message: str) -> None:
+    from router._endpoints import parse_json
+
+    with pytest.raises(BadRequest) as caught:
+        parse_json(raw)
+    assert (caught.value.message, caught.value.status) == (message, 400)
+
+
+def test_a_request_without_a_content_type_is_read_as_json() -> None:
+    import anyio
+
+    from router._endpoints import read_request
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b'{"model": "m"}', "more_body": False}
+
+    async def read() -> tuple[bytes, dict[str, Any]]:
+        return await read_request({"type": "http", "headers": []}, receive, 1000)
+
+    assert anyio.run(read) == (b'{"model": "m"}', {"model": "m"})
