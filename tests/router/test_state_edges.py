@@ -495,3 +495,14 @@ def test_a_request_without_a_content_type_is_read_as_json() -> None:
         return await read_request({"type": "http", "headers": []}, receive, 1000)
 
     assert anyio.run(read) == (b'{"model": "m"}', {"model": "m"})
+
+
+def test_a_legacy_function_message_is_a_tool_turn() -> None:
+    body = {"messages": [{"role": "function", "name": "f", "content": "42"}]}
+    assert CHAT.state(body, StateSettings("json", 100), MediaRules()).state == [{"role": "tool", "content": "42"}]
+
+
+def test_unknown_parts_are_refused_unless_the_caller_says_otherwise() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}
+    with pytest.raises(BadRequest):
+        CHAT.state(body, LAST, MediaRules())
