@@ -182,3 +182,21 @@ def test_the_depth_error_names_the_character_and_leaves_the_source_out() -> None
     )
     assert (str(caught.value), caught.value.message) == (message, message)
     assert (caught.value.source, caught.value.pos) == (source, 256)
+
+
+def test_a_parameter_some_apis_cannot_take_names_them_and_the_apis_that_can() -> None:
+    text = UP + "policies:\n  p:\n    rules: [{name: default, route: small, set: {reasoning_effort: high}}]\n"
+    (issue,) = issues(text)
+    assert issue.path == ("policies", "p", "rules", 0, "set", "reasoning_effort")
+    assert issue.message == (
+        "`set` 'reasoning_effort' has no equivalent in the Completions (/v1/completions) or Anthropic Messages"
+        " (/v1/messages) API; limit the policy's `apis` to those that take it, e.g. `apis: [chat, responses]`"
+    )
+
+
+def test_a_parameter_none_of_the_policys_apis_can_take_says_to_remove_it() -> None:
+    text = UP + "policies:\n  p:\n    apis: [messages]\n    rules: [{name: default, route: small, set: {seed: 1}}]\n"
+    assert messages(text) == [
+        "`set` 'seed' has no equivalent in the Anthropic Messages (/v1/messages) API; limit the policy's `apis` to"
+        " those that take it, or remove it"
+    ]
