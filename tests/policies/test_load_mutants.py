@@ -200,3 +200,22 @@ def test_a_parameter_none_of_the_policys_apis_can_take_says_to_remove_it() -> No
         "`set` 'seed' has no equivalent in the Anthropic Messages (/v1/messages) API; limit the policy's `apis` to"
         " those that take it, or remove it"
     ]
+
+
+@pytest.mark.parametrize(
+    ("policies", "known"), [("policies: {p: {rules: [{name: default, route: small}]}}", "'p'"), ("", "none")]
+)
+def test_an_unknown_default_policy_names_the_known_ones(policies: str, known: str) -> None:
+    (issue,) = issues(UP + "server: {default_policy: nope}\n" + policies + "\n")
+    assert issue.path == ("server", "default_policy")
+    assert issue.message == f"unknown policy 'nope'; expected one of {known}"
+
+
+def test_a_parameter_the_fallback_cannot_send_is_placed_under_on_engine_error() -> None:
+    text = UP + (
+        "policies:\n  p:\n    apis: [messages]\n    on_engine_error: {route: small, set: {seed: 1}}\n    "
+        + DEFAULT
+        + "\n"
+    )
+    (issue,) = issues(text)
+    assert issue.path == ("policies", "p", "on_engine_error", "set", "seed")
