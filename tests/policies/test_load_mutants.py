@@ -203,7 +203,8 @@ def test_a_parameter_none_of_the_policys_apis_can_take_says_to_remove_it() -> No
 
 
 @pytest.mark.parametrize(
-    ("policies", "known"), [("policies: {p: {rules: [{name: default, route: small}]}}", "'p'"), ("", "none")]
+    ("policies", "known"),
+    [("policies: {p: {" + DEFAULT + "}, q: {" + DEFAULT + "}}", "'p', 'q'"), ("", "none")],
 )
 def test_an_unknown_default_policy_names_the_known_ones(policies: str, known: str) -> None:
     (issue,) = issues(UP + "server: {default_policy: nope}\n" + policies + "\n")
