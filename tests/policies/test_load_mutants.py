@@ -105,8 +105,9 @@ def test_issues_sort_by_line_then_column_and_file_level_ones_first() -> None:
     def at(line: int | None, column: int | None) -> Issue:
         return Issue("c.yaml", line, column, (), f"{line}:{column}")
 
-    ordered = _sorted([at(3, 1), at(2, 9), at(None, None), at(2, 1), at(1, None)])
-    assert [issue.message for issue in ordered] == ["None:None", "1:None", "2:1", "2:9", "3:1"]
+    # A missing line or column sorts before 1: given after the located issue of line 1 / column 1, it still goes first.
+    ordered = _sorted([at(3, 1), at(2, 9), at(1, None), at(None, None), at(2, 1), at(2, None)])
+    assert [issue.message for issue in ordered] == ["None:None", "1:None", "2:None", "2:1", "2:9", "3:1"]
 
 
 def test_found_values_are_cut_after_sixty_characters() -> None:
@@ -220,3 +221,11 @@ def test_a_parameter_the_fallback_cannot_send_is_placed_under_on_engine_error() 
     )
     (issue,) = issues(text)
     assert issue.path == ("policies", "p", "on_engine_error", "set", "seed")
+
+
+def test_every_duplicate_key_of_a_mapping_is_reported_not_only_the_first() -> None:
+    text = UP + "policies: {}\npolicies: {}\nengine: {}\nengine: {}\n"
+    assert messages(text) == [
+        "duplicate key 'policies' (first at line 2); keep one",
+        "duplicate key 'engine' (first at line 4); keep one",
+    ]
