@@ -68,5 +68,5 @@ def _distribution(names: Sequence[str], value: Any, what: str) -> dict[str, floa
     if total > 1.0 + _TOLERANCE or (not rest and abs(total - 1.0) > _TOLERANCE):
         raise ValueError(f"the probabilities add up to {total:g}; expected 1")
     for name in rest:
-        probs[name] = (1.0 - total) / len(rest)
+        probs[name] = max(1.0 - total, 0.0) / len(rest)  # a total within the tolerance over 1 leaves 0, not < 0
     return {name: probs[name] for name in names}

@@ -5,11 +5,24 @@ found surviving (benchmarks/results/mutation.md)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from d3backend import Choice, EngineBadResponse, Noul, Question, Score, Usage, answer_from, json_bytes
-from d3backend._wire import MAX_ERROR_MESSAGE, error_message, parse_response
+from d3backend import (
+    Choice,
+    ChoiceAnswer,
+    EngineBadAnswer,
+    EngineBadResponse,
+    Noul,
+    Question,
+    Score,
+    ScoreAnswer,
+    Usage,
+    answer_from,
+    json_bytes,
+)
+from d3backend._wire import MAX_ERROR_MESSAGE, ROUNDING, error_message, parse_response
 from tests.d3backend.test_wire import QUESTIONS, response
 
 
@@ -81,3 +94,55 @@ def test_an_error_message_of_exactly_the_limit_is_kept_whole() -> None:
     text = "x" * MAX_ERROR_MESSAGE
     assert error_message(500, text.encode()) == text
     assert error_message(500, (text + "y").encode()) == "x" * (MAX_ERROR_MESSAGE - 3) + "..."
+
+
+# --- `answer_from` at its tolerance: a total a hair over 1 is accepted (rounding in a hand-written table) and the
+# options left out get 0, never a negative probability.
+
+THREE = Choice(None, {"a": None, "b": None, "c": None})
+
+
+def test_a_total_a_hair_over_one_leaves_the_other_options_at_zero_not_below() -> None:
+    answer = answer_from(THREE, {"a": 0.5, "b": 0.5000005})
+    assert isinstance(answer, ChoiceAnswer)
+    assert answer.probabilities == {"a": 0.5, "b": 0.5000005, "c": 0.0}
+    assert answer.choice == "b"
+
+
+def test_a_score_level_left_out_of_a_total_over_one_is_zero_too() -> None:
+    answer = answer_from(Score(None, ("easy", "medium", "hard")), {"easy": 0.4, "hard": 0.6000004})
+    assert isinstance(answer, ScoreAnswer)
+    assert answer.probabilities == (0.4, 0.0, 0.6000004)
+
+
+def test_a_total_of_exactly_one_plus_the_tolerance_is_accepted_and_a_hair_more_is_not() -> None:
+    assert answer_from(THREE, {"a": 1.0, "b": 1e-6}).probabilities == {"a": 1.0, "b": 1e-6, "c": 0.0}
+    with pytest.raises(ValueError, match="add up to 1"):
+        answer_from(THREE, {"a": 1.0, "b": 1.1e-6})
+
+
+# --- The engine's answers at the contract's exact edge: 1 + ROUNDING is still a probability (read as 1), the next
+# representable number is not.
+
+EDGE = 1.0 + ROUNDING
+PAST = math.nextafter(EDGE, 2.0)
+
+
+def noul(yes: float, confidence: float) -> bytes:
+    return (
+        b'{"model": "m", "answers": {"j": {"type": "noul", "probabilities": {"yes": %r, "no": 0.0}, "confidence": %r}}}'
+        % (yes, confidence)
+    )
+
+
+def test_one_plus_the_rounding_allowance_is_accepted_as_one() -> None:
+    answers, _, _ = parse_response(noul(EDGE, EDGE), {"j": Noul(None)})
+    assert answers["j"].confidence == 1.0
+    assert answers["j"].probabilities == {"yes": 1.0, "no": 0.0}
+
+
+@pytest.mark.parametrize(("yes", "confidence", "field"), [(PAST, 1.0, "probabilities.yes"), (1.0, PAST, "confidence")])
+def test_the_next_number_past_the_allowance_is_an_engine_error(yes: float, confidence: float, field: str) -> None:
+    with pytest.raises(EngineBadAnswer) as caught:
+        parse_response(noul(yes, confidence), {"j": Noul(None)})
+    assert caught.value.field == field
