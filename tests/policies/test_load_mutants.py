@@ -229,3 +229,19 @@ def test_every_duplicate_key_of_a_mapping_is_reported_not_only_the_first() -> No
         "duplicate key 'policies' (first at line 2); keep one",
         "duplicate key 'engine' (first at line 4); keep one",
     ]
+
+
+def test_a_yaml_error_without_a_position_is_reported_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyyaml's errors normally carry a mark; one without (built here) is still one clear issue, with no position."""
+    import yaml
+
+    from policies import _yaml
+
+    def fail(self: object) -> None:
+        raise yaml.MarkedYAMLError(problem="could not read it")
+
+    monkeypatch.setattr(_yaml._Loader, "get_single_node", fail)
+    with pytest.raises(ConfigError) as info:
+        _yaml.load_yaml("a: 1\n", "f.yaml")
+    [issue] = info.value.issues
+    assert (issue.line, issue.column, issue.message) == (None, None, "invalid YAML: could not read it")
