@@ -201,32 +201,25 @@ class _Compiler:
             raise self.error(f"expected a condition (true or false), found {self.kind_of(typed)}{hint}", typed.pos)
 
     def or_expr(self) -> _Typed:
-        first = self.and_expr()
-        terms = [first]
-        while self.tok.text == "or" and self.tok.kind == "keyword":
-            self.index += 1
-            term = self.and_expr()
-            if len(terms) == 1:
-                self.require_bool(first)
-            self.require_bool(term)
-            terms.append(term)
-        if len(terms) == 1:
-            return first
-        return _Typed("bool", _any([term.fn for term in terms]), first.pos)
+        return self.chain("or", self.and_expr, _any)
 
     def and_expr(self) -> _Typed:
-        first = self.not_expr()
+        return self.chain("and", self.not_expr, _all)
+
+    def chain(self, keyword: str, operand: Callable[[], _Typed], combine: Callable[[list[_Fn]], _Fn]) -> _Typed:
+        """`a KEYWORD b KEYWORD c ...` built flat, so a long chain needs no recursion to compile or to evaluate."""
+        first = operand()
         terms = [first]
-        while self.tok.text == "and" and self.tok.kind == "keyword":
+        while self.tok.text == keyword and self.tok.kind == "keyword":
             self.index += 1
-            term = self.not_expr()
+            term = operand()
             if len(terms) == 1:
                 self.require_bool(first)
             self.require_bool(term)
             terms.append(term)
         if len(terms) == 1:
             return first
-        return _Typed("bool", _all([term.fn for term in terms]), first.pos)
+        return _Typed("bool", combine([term.fn for term in terms]), first.pos)
 
     def not_expr(self) -> _Typed:
         pos = self.tok.pos
