@@ -29,6 +29,7 @@ from policies import Block, Config, Decision, Policy, Route
 from router import _tracing
 from router._apis import CHAT, Api
 from router._metrics import Counts, Metrics
+from router._shadow import Shadows, agrees, decision_json
 from router._state import BadRequest, DecisionState, MediaRules
 
 logger = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class D3Decision:
                 "degraded": self.decision.degraded,
                 "trace": [{"rule": s.rule, "when": s.when, "matched": s.matched} for s in self.decision.trace],
             },
-            "shadow": None if self.shadow is None else _decision_json(self.shadow, agrees(self.decision, self.shadow)),
+            "shadow": None if self.shadow is None else decision_json(self.shadow, agrees(self.decision, self.shadow)),
             "session": None if self.session is None else {"outcome": self.session, "key": self.session_key},
             "engine_error": self.engine_error,
             "decision_ms": round(self.decision_ms, 3),
@@ -156,17 +157,7 @@ class RouterService:
         self.questions_asked: Counts[str] = self.metrics.counter(
             "d3router_questions_asked", "Questions asked of the decision engine, by policy.", ("policy",)
         )
-        self.shadow_decisions: Counts[tuple[str, str, str, str, str]] = self.metrics.counter(
-            "d3router_shadow_decisions",
-            "Shadow policies' decisions beside the live ones, by rule pair and whether their actions agree.",
-            ("policy", "rule", "shadow", "shadow_rule", "agree"),
-        )
-        self.shadow_engine_calls: Counts[str] = self.metrics.counter(
-            "d3router_shadow_engine_calls",
-            "Engine calls made for a shadow policy's own questions (none when the live policy asked them), by shadow.",
-            ("shadow",),
-        )
-        self._shadow_tasks: set[asyncio.Task[None]] = set()
+        self.shadows = Shadows(self.metrics)
         self.questions_skipped: Counts[str] = self.metrics.counter(
             "d3router_questions_skipped",
             "Questions not asked because the walk ended without them (ask: staged), by policy.",
@@ -246,68 +237,23 @@ class RouterService:
             logger.warning("policy %r: the engine failed (%s); %s decides", policy.name, error, decision.rule)
         d3 = D3Decision(policy.name, decision, answers, state, elapsed_ms, cached, error, skipped, calls[0])
         if policy.shadow is not None and error is None:
-            d3 = self._shadow(d3, snapshot, request_id)
+            shadow = self.shadows.consider(d3, snapshot.config, self.engine, request_id, self._write)
+            if shadow is not None:
+                d3 = dataclasses.replace(d3, shadow=shadow)
         if after is not None:
             d3 = await after(d3)
         if self.decision_log is not None:
             self._log(d3, request_id, snapshot.config)
         return d3
 
-    # --- shadow policies ------------------------------------------------------------------------------------------
-    def _shadow(self, d3: D3Decision, snapshot: Snapshot, request_id: str) -> D3Decision:
-        """Evaluate the live policy's shadow on the same answers; never acted on. With every question it reads asked
-        already (the same ids and the same questions), it costs no engine call and goes in `d3.shadow`; otherwise
-        its own questions are asked after the response, in the background (bounded), and logged on a line of its
-        own, so the live request never waits for a shadow."""
-        config = snapshot.config
-        policy = config.policies[d3.policy]
-        shadow = config.policies.get(policy.shadow or "")
-        if shadow is None:
-            return d3
-        live = policy.questions
-        missing = {qid: q for qid, q in shadow.questions.items() if qid not in d3.answers or live.get(qid) != q}
-        if not missing:
-            decision = shadow.evaluate(d3.answers)
-            self._agree(d3, decision)
-            return dataclasses.replace(d3, shadow=decision)
-        if self.engine is not None and len(self._shadow_tasks) < MAX_SHADOW_TASKS:
-            task = asyncio.get_running_loop().create_task(self._shadow_later(d3, shadow, missing, snapshot, request_id))
-            self._shadow_tasks.add(task)
-            task.add_done_callback(self._shadow_tasks.discard)
-        return d3
+    async def aclose(self) -> None:
+        """Cancel what runs in the background (shadow decisions still being asked) and wait for it."""
+        await self.shadows.aclose()
 
-    async def _shadow_later(
-        self, d3: D3Decision, shadow: Policy, missing: Mapping[str, Question], snapshot: Snapshot, request_id: str
-    ) -> None:
-        assert self.engine is not None  # checked by the caller
-        state = d3.state
-        self.shadow_engine_calls[shadow.name] += 1
-        try:
-            async with asyncio.timeout(snapshot.config.server.decision_timeout_s):
-                decided = await self.engine.decide(state.state, missing, images=state.images, videos=state.videos)
-        except (EngineError, TimeoutError) as exc:
-            logger.info("shadow policy %r: the engine failed (%s); not compared", shadow.name, exc)
-            return
-        answers = {**{qid: a for qid, a in d3.answers.items() if qid not in missing}, **decided.answers}
-        decision = shadow.evaluate(answers)
-        self._agree(d3, decision)
+    def _write(self, entry: dict[str, Any]) -> None:
         if self.decision_log is not None:
-            shadowed = _decision_json(decision, agrees(d3.decision, decision))
-            entry = {"time": round(time.time(), 3), "request_id": request_id, "policy": d3.policy,
-                     "rule": d3.decision.rule, "shadow": shadowed}  # fmt: skip
             self.decision_log.write(json_bytes(entry).decode() + "\n")
             self.decision_log.flush()
-
-    def _agree(self, d3: D3Decision, decision: Decision) -> None:
-        agree = "yes" if agrees(d3.decision, decision) else "no"
-        self.shadow_decisions[(d3.policy, d3.decision.rule, decision.policy, decision.rule, agree)] += 1
-
-    async def aclose(self) -> None:
-        """Wait for the shadow decisions still being asked (the app's shutdown), cancelling them."""
-        tasks = list(self._shadow_tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _ask(
         self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int]
@@ -380,7 +326,7 @@ class RouterService:
             if isinstance(d3.decision.action, Route):
                 entry["upstreams"] = list(d3.decision.action.upstreams)
         if d3.shadow is not None:
-            entry["shadow"] = _decision_json(d3.shadow, agrees(d3.decision, d3.shadow))
+            entry["shadow"] = decision_json(d3.shadow, agrees(d3.decision, d3.shadow))
         settings = config.server.decision_log
         if settings is not None and settings.include_text:
             entry["state"] = d3.state.state
@@ -399,23 +345,6 @@ class RouterService:
         assert self.decision_log is not None  # checked by the caller
         self.decision_log.write(json_bytes(entry).decode() + "\n")
         self.decision_log.flush()
-
-
-MAX_SHADOW_TASKS = 64  # shadow decisions asked in the background at once; more are not compared (never queued)
-
-
-def agrees(live: Decision, shadow: Decision) -> bool:
-    """Whether two decisions do the same: route to the same upstreams, or block with the same status."""
-    a, b = live.action, shadow.action
-    if isinstance(a, Route) and isinstance(b, Route):
-        return a.upstreams == b.upstreams
-    return isinstance(a, Block) and isinstance(b, Block) and a.status == b.status
-
-
-def _decision_json(decision: Decision, agree: bool) -> dict[str, Any]:
-    action = decision.action
-    target = {"upstreams": list(action.upstreams)} if isinstance(action, Route) else {"status": action.status}
-    return {"policy": decision.policy, "rule": decision.rule, "action": action.kind, **target, "agrees": agree}
 
 
 def format_answers(answers: Mapping[str, Answer]) -> str:

@@ -70,7 +70,7 @@ async def run(tmp_path: Path, shadow: str, texts: list[str]) -> tuple[list[Any],
             for text in texts:
                 body = {"model": "auto", "messages": [{"role": "user", "content": text}]}
                 responses.append(await client.post("/v1/chat/completions", json=body))
-            while app.service._shadow_tasks:  # the background shadow decisions, if any
+            while app.service.shadows.pending:  # the background shadow decisions, if any
                 await asyncio.sleep(0.01)
             metrics = app.service.metrics.render()
     engine.calls[:] = [call for call in engine.calls if call[0] != "probe"]
