@@ -67,6 +67,9 @@ def cpu_args() -> list[str]:
 @asynccontextmanager
 async def serve_in_process(argv: Sequence[str]) -> AsyncIterator[ASGIApp]:
     """vLLM's own OpenAI-compatible app for `vllm serve ARGV`, built in this process; the engine stops on exit."""
+    # vLLM logs to stdout by default; embedded, that is the host's stdout, where `d3router replay --json` and
+    # `explain` write their output: its log lines go to stderr unless the user chose otherwise.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         importlib.import_module("vllm")
     except ImportError as exc:
