@@ -27,10 +27,10 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from d3backend import CachedEngine, DecisionEngine, EngineError, json_bytes
-from policies import API_TITLES, Block, Config, ConfigError, load_config
+from policies import Block, Config, ConfigError, load_config
 from router import _logging, _tracing
 from router._apis import CHAT, Api
-from router._endpoints import APIS, detect, read_request
+from router._endpoints import APIS, detect, policy_for, read_request
 from router._engines import Environ, build_engine, start_engine
 from router._forward import Failure, Forwarder, allowed, retry_after, unsafe_path
 from router._http import (
@@ -214,15 +214,14 @@ class ProxyApp:
             await send_json(send, exc.status, api.error(exc.status, exc.message, "invalid_request_error"))
             return
         model = body.get("model")
-        policy = config.policies.get(model) if isinstance(model, str) else None
-        if policy is None and config.server.default_policy is not None:
-            policy = config.policies[config.server.default_policy]
+        try:
+            policy = policy_for(config, api, model)
+        except BadRequest as exc:  # a policy limited to other APIs
+            await send_json(send, exc.status, api.error(exc.status, exc.message, "invalid_request_error", exc.code,
+                                                        exc.param))  # fmt: skip
+            return
         if policy is None:
             await cancel_on_disconnect(receive, lambda: self._undecided(api, model, scope, send, raw, config))
-            return
-        if api.name not in policy.apis:
-            message = f"the policy {policy.name!r} does not serve the {API_TITLES[api.name]} API (its `apis`)"
-            await send_json(send, 404, api.error(404, message, "invalid_request_error", "model_not_found", "model"))
             return
         request_id = _logging.request_id() or _header(scope, b"x-request-id") or uuid.uuid4().hex
         turn = self.sessions.turn(api, scope["headers"], body, config)

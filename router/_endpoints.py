@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope
 
+from policies import API_TITLES, Config, Policy
 from router._anthropic import MESSAGES
 from router._apis import CHAT, COMPLETIONS, RESPONSES, Api
 from router._http import BodyTooLarge, read_body
@@ -36,6 +37,19 @@ def detect(body: dict[str, Any], name: str | None = None) -> Api:
     if "system" in body:
         return MESSAGES
     return CHAT
+
+
+def policy_for(config: Config, api: Api, model: Any) -> Policy | None:
+    """The policy that decides a request of `api` naming `model`: the policy of that name, else
+    `server.default_policy`; None when neither (not ours to decide). `BadRequest` (404) when that policy does not
+    serve `api` (its `apis`). The proxy, the middleware and explain pick alike."""
+    policy = config.policies.get(model) if isinstance(model, str) else None
+    if policy is None and config.server.default_policy is not None:
+        policy = config.policies[config.server.default_policy]
+    if policy is not None and api.name not in policy.apis:
+        message = f"the policy {policy.name!r} does not serve the {API_TITLES[api.name]} API (its `apis`)"
+        raise BadRequest(message, "model", status=404, code="model_not_found")
+    return policy
 
 
 class DuplicateKey(ValueError):

@@ -26,8 +26,8 @@ from pathlib import Path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from d3backend import DecisionEngine
-from policies import API_TITLES, Block, Config, load_config
-from router._endpoints import APIS, read_request
+from policies import Block, Config, load_config
+from router._endpoints import APIS, policy_for, read_request
 from router._engines import build_engine, start_engine
 from router._http import ClientDisconnected, encode_headers, send_json
 from router._service import RouterService
@@ -70,16 +70,14 @@ class D3RouterMiddleware:
             return
         except ClientDisconnected:
             return  # gone while sending its body: nothing to decide, no one to answer
-        model = body.get("model")
-        policy = config.policies.get(model) if isinstance(model, str) else None
-        if policy is None and config.server.default_policy is not None:
-            policy = config.policies[config.server.default_policy]
+        try:
+            policy = policy_for(config, api, body.get("model"))
+        except BadRequest as exc:  # a policy limited to other APIs
+            await send_json(send, exc.status, api.error(exc.status, exc.message, "invalid_request_error", exc.code,
+                                                        exc.param))  # fmt: skip
+            return
         if policy is None:  # not ours to decide: the app sees the request as it came
             await self.app(scope, _replay(raw, receive), send)
-            return
-        if api.name not in policy.apis:
-            message = f"the policy {policy.name!r} does not serve the {API_TITLES[api.name]} API (its `apis`)"
-            await send_json(send, 404, api.error(404, message, "invalid_request_error", "model_not_found", "model"))
             return
         await self._start()
         try:

@@ -88,13 +88,14 @@ class Outcome:
 
 
 def policy_for(config: Config, line: TrafficLine, fallback: str | None = None) -> str | None:
-    """The policy that decides `line`: the log's, the body's model, else `fallback` (`--policy`)."""
+    """The policy that decides `line`: the log's, the body's model, else `fallback` (`--policy`), else the
+    configuration's `server.default_policy`, as the router picks it."""
     if line.policy is not None:
         return line.policy if line.policy in config.policies else fallback
     model = line.body.get("model")
     if isinstance(model, str) and model in config.policies:
         return model
-    return fallback
+    return fallback if fallback is not None else config.server.default_policy
 
 
 async def _decide_line(service: RouterService, config: Config, body: Mapping[str, Any], policy: str) -> D3Decision:

@@ -28,6 +28,7 @@ from d3backend import (
 from policies import Block, Config, Decision, Policy, Route
 from router import _tracing
 from router._apis import CHAT, Api
+from router._endpoints import policy_for
 from router._metrics import Counts, Metrics
 from router._shadow import Shadows, agrees, decision_json
 from router._state import BadRequest, DecisionState, MediaRules
@@ -289,11 +290,8 @@ class RouterService:
 
     async def explain(self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None) -> dict[str, Any]:
         """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides."""
-        config = self.snapshot.config
         model = body.get("model")
-        policy = config.policies.get(model) if isinstance(model, str) else None
-        if policy is None and config.server.default_policy is not None:
-            policy = config.policies[config.server.default_policy]
+        policy = policy_for(self.snapshot.config, api, model)
         if policy is None:
             raise BadRequest(
                 f"no policy is named {model!r} and server.default_policy is unset; explain needs a policy's name",

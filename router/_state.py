@@ -26,10 +26,11 @@ from policies import StateSettings
 class BadRequest(ValueError):
     """The request cannot be decided as it is; `param` names the offending field, as OpenAI's errors do."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None) -> None:
         self.message = message
         self.param = param
         self.status = status
+        self.code = code
         super().__init__(message)
 
 

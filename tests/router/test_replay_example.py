@@ -49,3 +49,14 @@ def test_a_one_threshold_edit_lists_exactly_the_changed_requests(tmp_path: Path)
     assert changed["lines"] == expected
     assert changed["count"] == len(expected)
     assert changed["pairs"] == {"hard-work -> default": len(expected)}
+
+
+def test_a_model_no_policy_names_is_decided_by_the_default_policy_as_the_router_does(tmp_path: Path) -> None:
+    text = (EXAMPLES / "replay.yaml").read_text(encoding="utf-8")
+    config = parse_config("server: {default_policy: auto}\n" + text, str(EXAMPLES / "replay.yaml"))
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_text('{"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}\n', encoding="utf-8")
+    lines, bad = read_traffic(str(traffic), config)
+    assert not bad
+    [outcome] = asyncio.run(replay(config, lines, engine=FakeEngine(answers)))
+    assert (outcome.policy, outcome.action) == ("auto", "route")
