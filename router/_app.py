@@ -27,7 +27,7 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from d3backend import CachedEngine, DecisionEngine, EngineError, json_bytes
-from policies import Block, Config, ConfigError, load_config
+from policies import Block, Config, ConfigError, UpstreamSettings, load_config
 from router import _logging, _tracing
 from router._apis import CHAT, Api
 from router._endpoints import APIS, detect, policy_for, read_request
@@ -36,6 +36,7 @@ from router._forward import Failure, Forwarder, allowed, retry_after, unsafe_pat
 from router._http import (
     BodyTooLarge,
     ClientDisconnected,
+    Headers,
     UpstreamBroke,
     cancel_on_disconnect,
     encode_headers,
@@ -292,17 +293,8 @@ class ProxyApp:
         """With no `server.default_policy`, a model no policy names goes untouched to the upstream serving it."""
         for name, upstream in config.upstreams.items():
             if isinstance(model, str) and model in (upstream.model, name):
-                response, failure = await self.forwarder.open(api, upstream, name, "POST", api.upstream_path, scope,
-                                                              raw, [])  # fmt: skip
                 tag = [(b"x-d3-upstream", name.encode("latin-1", "replace"))]
-                if response is not None:
-                    try:
-                        await relay(response, send, tag, name)
-                        return
-                    except UpstreamBroke as exc:
-                        failure = (502, str(exc))
-                await send_json(send, failure[0], api.error(failure[0], failure[1], "upstream_error"),
-                                [*tag, *retry_after(failure[0])])  # fmt: skip
+                await self._as_is(api, name, upstream, "POST", api.upstream_path, scope, raw, send, tag)
                 return
         known = sorted({*config.policies, *(u.model for u in config.upstreams.values() if u.model)})
         message = f"the model {model!r} does not exist; available: {', '.join(known)}"
@@ -328,18 +320,24 @@ class ProxyApp:
             return
         name, upstream = next(iter(config.upstreams.items()))
         path = raw_path.decode("latin-1").removeprefix("/v1")
+        await cancel_on_disconnect(
+            receive, lambda: self._as_is(CHAT, name, upstream, scope["method"], path, scope, raw, send, [])
+        )
 
-        async def forward() -> None:
-            response, failure = await self.forwarder.open(CHAT, upstream, name, scope["method"], path, scope, raw, [])
-            if response is not None:
-                try:
-                    await relay(response, send, [], name)
-                    return
-                except UpstreamBroke as exc:
-                    failure = (502, str(exc))
-            await send_error(send, failure[0], failure[1], "upstream_error", headers=retry_after(failure[0]))
-
-        await cancel_on_disconnect(receive, forward)
+    async def _as_is(
+        self, api: Api, name: str, upstream: UpstreamSettings, method: str, path: str, scope: Scope, raw: bytes,
+        send: Send, extra: Headers,
+    ) -> None:  # fmt: skip
+        """Forward an undecided request untouched to one upstream; its failure is a 502/503/504 in `api`'s shape."""
+        response, failure = await self.forwarder.open(api, upstream, name, method, path, scope, raw, [])
+        if response is not None:
+            try:
+                await relay(response, send, extra, name)
+                return
+            except UpstreamBroke as exc:
+                failure = (502, str(exc))
+        error = api.error(failure[0], failure[1], "upstream_error")
+        await send_json(send, failure[0], error, [*extra, *retry_after(failure[0])])
 
     # --- the other endpoints -------------------------------------------------------------------------------------
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
