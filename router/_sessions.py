@@ -149,6 +149,8 @@ class SessionTurn:
         action = d3.decision.action
         if policy is None or not isinstance(action, Route):
             return d3
+        if self._turns is None and d3.state.turns:
+            self._turns = list(d3.state.turns)  # the decision read them already
         settings = policy.session
         if settings.mode == "off" or await self.find() is None:
             return self._outcome(d3, "off", action.upstreams)

@@ -70,6 +70,9 @@ class DecisionState:
     truncated: int = 0  # characters cut from the oldest text
     dropped: tuple[str, ...] = field(default=())  # why each dropped media item was dropped
     ignored: int = 0  # content parts left out of the state (server.unknown_parts: ignore)
+    # The request's turns as its adapter read them, kept so that what comes after the decision (the session's
+    # opening and tool-turn checks) does not read the body again.
+    turns: tuple[Turn, ...] = field(default=(), compare=False, repr=False)
 
 
 def build_state(
@@ -104,7 +107,7 @@ def build_state(
     else:
         kept, cut = _budget(texts, budget)
         state = kept[0] if kept else ""
-    return DecisionState(state, tuple(images), tuple(videos), cut, tuple(dropped), ignored)
+    return DecisionState(state, tuple(images), tuple(videos), cut, tuple(dropped), ignored, tuple(turns))
 
 
 def since_assistant(turns: list[Turn]) -> list[Turn]:
