@@ -24,6 +24,7 @@ from d3backend._http import make_client, make_transport, outbound_request
 from d3backend._protocol import DecisionEngine
 from d3backend._remote import ENGINE_HEADERS, RemoteEngine, UrlStats, redact_url
 from d3backend._server import ServerError, VllmServer, free_port
+from d3backend._shared import SharedCache, decode_decided, encode_decided
 from d3backend._tinymodel import make_model
 from d3backend._types import (
     D3_MAX_OPTIONS,
@@ -74,11 +75,14 @@ __all__ = [
     "Score",
     "ScoreAnswer",
     "ServerError",
+    "SharedCache",
     "UrlStats",
     "Usage",
     "VllmServer",
     "answer_from",
     "cache_key",
+    "decode_decided",
+    "encode_decided",
     "free_port",
     "json_bytes",
     "make_client",

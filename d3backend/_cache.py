@@ -3,8 +3,11 @@
     engine = CachedEngine(RemoteEngine(["http://d3:8000"]), max_entries=10_000, ttl_s=600)
 
 Equal decisions (same model, state, questions and media) within the TTL are answered from memory; equal
-decisions *in flight* share one engine call. The key is a BLAKE2 digest of the decision's content (never of an
-object's identity), so the cache holds no request text.
+decisions *in flight* share one engine call, also with `max_entries=0` (no cache: single-flight alone). The key is
+a BLAKE2 digest of the decision's content (never of an object's identity), so the cache holds no request text.
+With `shared=` (a `SharedCache`, such as d3router's Redis), a miss asks the shared cache before the engine, and an
+engine's answer is written there in the background for the other processes; the shared cache is never waited on
+longer than its own timeout and never fails a call.
 Errors are never cached: a failed or timed-out call releases every caller waiting on it with its error, and the
 next request for that key starts a new call. A caller that goes away (a client disconnect cancels it) does not
 cancel the shared call, which still fills the cache for the others. `timeout_s` bounds the shared call for an
@@ -16,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,8 +28,11 @@ from cachetools import TTLCache
 
 from d3backend._errors import EngineTimeout
 from d3backend._protocol import Closing, DecisionEngine
+from d3backend._shared import SharedCache, decode_decided, encode_decided
 from d3backend._types import Decided, Question
 from d3backend._wire import JSONValue
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,7 @@ class CacheStats:
     misses: int
     shared: int  # calls that joined an identical one in flight
     size: int
+    shared_hits: int = 0  # misses answered by the shared cache (not the engine)
 
 
 class CachedEngine(Closing):
@@ -48,17 +56,22 @@ class CachedEngine(Closing):
         owns_engine: bool = True,
         timer: Callable[[], float] = time.monotonic,
         timeout_s: float | None = None,
+        shared: SharedCache | None = None,
     ) -> None:
-        if max_entries < 1:
-            raise ValueError("a cache needs max_entries >= 1; use the engine itself for no cache")
+        if max_entries < 0:
+            raise ValueError(f"max_entries must be 0 (single-flight, no cache) or more; found {max_entries!r}")
         if timeout_s is not None and not timeout_s > 0:
             raise ValueError(f"timeout_s must be a positive number of seconds or None; found {timeout_s!r}")
         self._timeout_s = timeout_s
         self.engine = engine
         self._owns_engine = owns_engine
-        self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max_entries, ttl=ttl_s, timer=timer)
+        self._keeps = max_entries > 0
+        self._cache: TTLCache[bytes, Decided] = TTLCache(maxsize=max(max_entries, 1), ttl=ttl_s, timer=timer)
+        self._ttl_s = ttl_s
+        self.shared = shared
+        self._writes: set[asyncio.Task[None]] = set()  # shared-cache writes under way (awaited on close)
         self._in_flight: dict[bytes, asyncio.Task[Decided]] = {}
-        self._hits = self._misses = self._shared = 0
+        self._hits = self._misses = self._shared = self._shared_hits = 0
         # The questions' part of the key, per mapping: policies ask the same mapping on every request. An entry is
         # used only while the mapping holds equal items (issue 19.11): identical ones, the common case, compare
         # at the cost of a tuple.
@@ -70,7 +83,7 @@ class CachedEngine(Closing):
 
     @property
     def stats(self) -> CacheStats:
-        return CacheStats(self._hits, self._misses, self._shared, len(self._cache))
+        return CacheStats(self._hits, self._misses, self._shared, len(self._cache), self._shared_hits)
 
     async def decide(
         self,
@@ -117,6 +130,13 @@ class CachedEngine(Closing):
         videos: Sequence[str],
     ) -> Decided:
         try:
+            if self.shared is not None:
+                found = await self._shared_get(key, questions)
+                if found is not None:
+                    self._shared_hits += 1
+                    if self._keeps:
+                        self._cache[key] = found
+                    return found._replace(cached=True)
             if self._timeout_s is None:
                 decided = await self.engine.decide(state, questions, images=images, videos=videos)
             else:
@@ -125,11 +145,30 @@ class CachedEngine(Closing):
                         decided = await self.engine.decide(state, questions, images=images, videos=videos)
                 except TimeoutError:
                     raise EngineTimeout(f"the decision engine did not answer within {self._timeout_s:g} s") from None
-            self._cache[key] = decided
+            if self._keeps:
+                self._cache[key] = decided
+            if self.shared is not None:  # in the background: the caller has its answer now
+                write = asyncio.ensure_future(self.shared.set(key.hex(), encode_decided(decided), self._ttl_s))
+                self._writes.add(write)
+                write.add_done_callback(self._written)
             return decided
         finally:
             # Whatever the outcome, the key is free for the next request: a failed call is never waited on again.
             del self._in_flight[key]
+
+    async def _shared_get(self, key: bytes, questions: Mapping[str, Question]) -> Decided | None:
+        assert self.shared is not None
+        try:
+            text = await self.shared.get(key.hex())
+        except Exception:  # a shared cache that breaks its promise to answer None still fails no call
+            logger.exception("the shared decision cache failed; asking the engine")
+            return None
+        return None if text is None else decode_decided(text, questions)
+
+    def _written(self, write: asyncio.Task[None]) -> None:
+        self._writes.discard(write)
+        if not write.cancelled() and write.exception() is not None:
+            logger.error("the shared decision cache failed a write: %r", write.exception())
 
     async def probe(self) -> Decided | None:
         """The inner engine's probe; None when it has none (then only its first failure can say it is down)."""
@@ -144,6 +183,7 @@ class CachedEngine(Closing):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)  # ended, not left pending past the close
+        await asyncio.gather(*self._writes, return_exceptions=True)  # each bounded by the shared cache's timeout
         self._cache.clear()
         if self._owns_engine:
             await self.engine.aclose()

@@ -46,10 +46,11 @@ from router._http import (
     send_error,
     send_json,
 )
+from router._metrics import Metrics
 from router._service import D3Decision, RouterService
 from router._sessions import Sessions, SessionTurn, session_salt
 from router._state import BadRequest
-from router._store import build_store
+from router._store import build_store, shared_answers
 
 logger = logging.getLogger(__name__)
 
@@ -67,18 +68,17 @@ class ProxyApp:
     ) -> None:
         self.environ = dict(os.environ if environ is None else environ)
         self._owns_engine = engine is None
-        needs_engine = any(policy.questions for policy in config.policies.values())
-        if engine is None and needs_engine:
-            engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=self.environ)
-        self.service = RouterService(config, engine)
+        metrics = Metrics()
+        # Sessions and the shared decision cache (issue 12): Redis with server.redis, else in-process; chosen once.
+        store = build_store(config.server, metrics)
+        if engine is None and any(policy.questions for policy in config.policies.values()):
+            engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=self.environ,
+                                  shared=shared_answers(store, metrics))  # fmt: skip
+        self.service = RouterService(config, engine, metrics=metrics)
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
-        self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
-        # Sessions (issue 12): their store is chosen once, here: Redis with server.redis, else in-process.
-        server = config.server
-        store = build_store(server.redis, timeout_s=server.redis_timeout_s, metrics=self.service.metrics,
-                            max_entries=server.sessions.max_entries)  # fmt: skip
-        self.sessions = Sessions(store, server.sessions, session_salt(server, self.environ), self.service.metrics)
+        self.forwarder = Forwarder(self.environ, metrics, transport)
+        self.sessions = Sessions(store, config.server.sessions, session_salt(config.server, self.environ), metrics)
         self.ready = engine is None
         self.draining = False  # set on SIGTERM (router._serve): /readyz answers 503 so the load balancer moves on
         self._closed = False

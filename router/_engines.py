@@ -5,14 +5,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from d3backend import CachedEngine, DecisionEngine, EmbeddedEngine, RemoteEngine
+from d3backend import CachedEngine, DecisionEngine, EmbeddedEngine, RemoteEngine, SharedCache
 from policies import EngineSettings
 
 Environ = Mapping[str, str]
 
 
-def build_engine(settings: EngineSettings, *, base_dir: Path, environ: Environ) -> DecisionEngine:
-    """The engine the configuration describes, behind the decision cache unless `cache.max_entries` is 0."""
+def build_engine(
+    settings: EngineSettings, *, base_dir: Path, environ: Environ, shared: SharedCache | None = None
+) -> CachedEngine:
+    """The engine the configuration describes, behind the decision cache (`cache.max_entries: 0` keeps no answers
+    but still shares one engine call among identical decisions in flight), with `shared` as its second level."""
     engine: DecisionEngine
     if settings.remote is not None:
         remote = settings.remote
@@ -34,9 +37,8 @@ def build_engine(settings: EngineSettings, *, base_dir: Path, environ: Environ) 
             kv_cache_memory_bytes=embedded.kv_cache_memory_bytes if embedded else None,
             extra_args=embedded.args if embedded else (),
         )
-    if settings.cache.max_entries:
-        engine = CachedEngine(engine, max_entries=settings.cache.max_entries, ttl_s=settings.cache.ttl_s)
-    return engine
+    cache = settings.cache
+    return CachedEngine(engine, max_entries=cache.max_entries, ttl_s=cache.ttl_s, shared=shared)
 
 
 async def start_engine(engine: DecisionEngine | None) -> None:

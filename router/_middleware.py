@@ -14,7 +14,9 @@ proxy's 4xx in the API's own error shape and never reaches the app; a block is a
 otherwise the request goes on, body unchanged, with the decision at `request.state.d3` and the `x-d3-*` headers and
 tags added to the response. A model no policy names goes to the app undecided, as the proxy sends it to the
 upstream serving it, unless `server.default_policy` decides it. Every other request passes through untouched.
-The engine starts with the app's lifespan (or on first use).
+Sessions work as in the proxy (issue 12): a later turn's route is its session's (`d3.session` says new, sticky,
+escalated or off), guards still decide every turn, and with `server.redis` the sessions and a second-level decision
+cache are shared with the other replicas. The engine starts with the app's lifespan (or on first use).
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ from d3backend import DecisionEngine
 from policies import Block, Config, load_config
 from router._endpoints import APIS, policy_for, read_request
 from router._engines import build_engine, start_engine
-from router._http import ClientDisconnected, encode_headers, send_json
+from router._http import BUFFER_LIMIT, ClientDisconnected, encode_headers, send_json
+from router._metrics import Metrics
 from router._service import RouterService
+from router._sessions import Sessions, session_salt
 from router._state import BadRequest
+from router._store import build_store, shared_answers
 
 
 class D3RouterMiddleware:
@@ -46,9 +51,13 @@ class D3RouterMiddleware:
         self.app = app
         loaded = config if isinstance(config, Config) else load_config(config)
         self._owns_engine = engine is None
+        metrics = Metrics()
+        store = build_store(loaded.server, metrics)
         if engine is None and any(policy.questions for policy in loaded.policies.values()):
-            engine = build_engine(loaded.engine, base_dir=Path(loaded.file).parent, environ=os.environ)
-        self.service = RouterService(loaded, engine)
+            engine = build_engine(loaded.engine, base_dir=Path(loaded.file).parent, environ=os.environ,
+                                  shared=shared_answers(store, metrics))  # fmt: skip
+        self.service = RouterService(loaded, engine, metrics=metrics)
+        self.sessions = Sessions(store, loaded.server.sessions, session_salt(loaded.server, os.environ), metrics)
         self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
         self._started = engine is None
         self._start_lock = asyncio.Lock()
@@ -80,8 +89,9 @@ class D3RouterMiddleware:
             await self.app(scope, _replay(raw, receive), send)
             return
         await self._start()
+        turn = self.sessions.turn(api, scope["headers"], body, config)
         try:
-            d3 = await self.service.decide(policy, body, api=api, snapshot=snapshot)
+            d3 = await self.service.decide(policy, body, api=api, snapshot=snapshot, after=turn.route)
         except BadRequest as exc:
             error = api.error(exc.status, exc.message, "invalid_request_error", param=exc.param)
             await send_json(send, exc.status, error)
@@ -94,14 +104,19 @@ class D3RouterMiddleware:
             return
         scope.setdefault("state", {})["d3"] = d3
         replaced = {name for name, _ in headers}
+        answer = _Answer() if turn.wants_answer else None
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in replaced]
                 message = {**message, "headers": [*kept, *headers]}
+            if answer is not None:
+                answer.see(message)
             await send(message)
 
         await self.app(scope, _replay(raw, receive), send_with_headers)
+        if answer is not None and answer.whole is not None:  # sent: the client has it; now the session learns its id
+            await turn.remember(answer.whole)
 
     async def _start(self) -> None:
         if self._started:
@@ -118,11 +133,41 @@ class D3RouterMiddleware:
                 await self._start()
             elif message["type"] == "lifespan.shutdown":
                 await self.service.aclose()
+                await self.sessions.store.aclose()
                 if self._owns_engine and self.service.engine is not None:
                     await self.service.engine.aclose()
             return message
 
         return wrapped
+
+
+class _Answer:
+    """The app's answer to a Responses turn of a session, kept when it is a whole JSON success (not a stream, at
+    most `BUFFER_LIMIT` bytes), so that the session learns the response's id (see `SessionTurn.remember`)."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] | None = []
+        self._size = 0
+        self.whole: bytes | None = None
+
+    def see(self, message: Message) -> None:
+        if self._parts is None:
+            return
+        if message["type"] == "http.response.start":
+            types = [v for k, v in message.get("headers", []) if k.lower() == b"content-type"]
+            if message["status"] >= 300 or not types or not types[0].startswith(b"application/json"):
+                self._parts = None
+            return
+        if message["type"] != "http.response.body":
+            return
+        chunk = message.get("body", b"")
+        self._size += len(chunk)
+        if self._size > BUFFER_LIMIT:
+            self._parts = None
+            return
+        self._parts.append(chunk)
+        if not message.get("more_body", False):
+            self.whole = b"".join(self._parts)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -3,8 +3,10 @@
     store = build_store(config.server, metrics)        # chosen once, at start
     await store.set("session:3f9a...", "large,small", ttl_s=3600)
     await store.get("session:3f9a...")                 # "large,small", or None
+    engine = CachedEngine(inner, shared=shared_answers(store, metrics))   # Redis: the second-level decision cache
 
-Keys are hashed by the caller and values are upstream names: a store never holds a prompt or a body.
+Keys are hashed by the caller and values are upstream names or a decision's answers (probabilities, by a digest of
+the decision's content): a store never holds a prompt or a body.
 
 `RedisStore` writes through to an in-process store and answers from it whenever Redis is slow or down: each Redis
 call waits at most `server.redis_timeout_s`; after a failure Redis is left alone for `RETRY_S` (no request waits on a
@@ -23,6 +25,8 @@ from cachetools import TLRUCache
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from d3backend import SharedCache
+from policies import ServerSettings
 from router._metrics import Counts, Metrics
 
 logger = logging.getLogger(__name__)
@@ -128,6 +132,24 @@ class RedisStore:
         self.local.set_now(key, value, ttl_s)
         await self._put("set", key, value, ttl_s)
 
+    async def fetch(self, key: str, op: str = "answers_get") -> str | None:
+        """Redis's value alone (no in-process copy: the decision cache keeps its own), None when slow or down."""
+        if not self._usable():
+            self.fallbacks[op] += 1
+            return None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                value = await self._redis.get(key)
+        except _FAILURES as exc:
+            self._failed(op, exc)
+            return None
+        self._ok()
+        return value if isinstance(value, str) else None
+
+    async def put(self, key: str, value: str, ttl_s: float) -> None:
+        """Write to Redis alone (see `fetch`)."""
+        await self._put("answers_set", key, value, ttl_s)
+
     async def _put(self, op: str, key: str, value: str, ttl_s: float) -> None:
         if not self._usable():
             self.fallbacks[op] += 1
@@ -149,13 +171,13 @@ class RedisStore:
         self._down_until = time.monotonic() + RETRY_S
         if not self._down:
             self._down = True
-            logger.warning("redis %s failed (%s); sessions are kept in-process until it answers again",
+            logger.warning("redis %s failed (%s); sessions and decisions are kept in-process until it answers again",
                            _safe(self.url), type(exc).__name__)  # fmt: skip
 
     def _ok(self) -> None:
         if self._down:
             self._down = False
-            logger.warning("redis %s answers again; sessions are shared again", _safe(self.url))
+            logger.warning("redis %s answers again; sessions and decisions are shared again", _safe(self.url))
 
     async def aclose(self) -> None:
         try:
@@ -177,8 +199,38 @@ def _safe(url: str) -> str:
     return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
 
 
-def build_store(redis: str | None, *, timeout_s: float, metrics: Metrics, max_entries: int) -> MemoryStore | RedisStore:
+class SharedAnswers:
+    """The second-level decision cache in Redis (issue 12.4): a decision's answers under `d3:answers:<digest>`,
+    shared by every replica, so a decision one replica paid the engine for is a cache hit on the others."""
+
+    PREFIX = "d3:answers:"
+
+    def __init__(self, store: RedisStore, metrics: Metrics) -> None:
+        self.store = store
+        self.lookups: Counts[str] = metrics.counter(
+            "d3router_shared_cache",
+            "Decisions looked up in the shared (Redis) cache after an in-process miss: hit, miss, or down (not asked).",
+            ("result",),
+        )
+
+    async def get(self, key: str) -> str | None:
+        usable = self.store._usable()
+        value = await self.store.fetch(self.PREFIX + key)
+        self.lookups["hit" if value is not None else ("miss" if usable else "down")] += 1
+        return value
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        await self.store.put(self.PREFIX + key, value, ttl_s)
+
+
+def shared_answers(store: Store, metrics: Metrics) -> SharedCache | None:
+    """The shared decision cache for this store: Redis's, or None for the in-process store (its cache is local)."""
+    return SharedAnswers(store, metrics) if isinstance(store, RedisStore) else None
+
+
+def build_store(server: ServerSettings, metrics: Metrics) -> MemoryStore | RedisStore:
     """The store for this process: Redis when `server.redis` is set, else in-process."""
-    if redis is None:
+    max_entries = server.sessions.max_entries
+    if server.redis is None:
         return MemoryStore(max_entries)
-    return RedisStore(redis, timeout_s=timeout_s, metrics=metrics, max_entries=max_entries)
+    return RedisStore(server.redis, timeout_s=server.redis_timeout_s, metrics=metrics, max_entries=max_entries)

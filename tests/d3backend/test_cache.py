@@ -96,9 +96,9 @@ async def test_an_injected_engine_can_stay_open() -> None:
     assert not fake.closed
 
 
-def test_no_cache_is_not_a_cache() -> None:
-    with pytest.raises(ValueError, match="max_entries >= 1"):
-        CachedEngine(FakeEngine(), max_entries=0)
+def test_a_negative_size_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_entries must be 0"):
+        CachedEngine(FakeEngine(), max_entries=-1)
 
 
 def test_key_is_stable_and_sensitive() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -55,11 +56,12 @@ async def test_a_missing_key_variable_sends_no_key() -> None:
         await engine.aclose()
 
 
-async def test_max_entries_zero_is_the_engine_itself() -> None:
+async def test_max_entries_zero_keeps_no_answers_but_single_flight() -> None:
     engine = build_engine(settings("{remote: {urls: ['http://d3-a:8000']}, cache: {max_entries: 0}}"), base_dir=BASE,
                           environ={})  # fmt: skip
     try:
-        assert isinstance(engine, RemoteEngine)
+        assert isinstance(engine.engine, RemoteEngine)
+        assert not engine._keeps and engine.shared is None
     finally:
         await engine.aclose()
 
@@ -87,9 +89,10 @@ def test_an_embedded_engine_takes_its_settings_and_a_model_relative_to_the_file(
                  " kv_cache_memory_bytes: 64M, args: [--seed, '7']}, cache: {max_entries: 0}}"),
         base_dir=BASE, environ={},
     )  # fmt: skip
-    assert isinstance(engine, EmbeddedEngine)
-    assert engine.model == "tiny"
-    argv = engine.argv
+    inner = engine.engine
+    assert isinstance(inner, EmbeddedEngine)
+    assert inner.model == "tiny"
+    argv = inner.argv
     assert argv[:6] == ["--model", expected, "--served-model-name", "tiny", "--dtype", "float32"]
     assert argv[argv.index("--max-model-len") + 1] == "512"
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "64M"
@@ -140,3 +143,33 @@ policies:
     [engine] = counting
     assert len(engine.calls) == 1, "the second, identical request was not answered from the decision cache"
     assert engine.closed  # the app owns the engine it built, and closes it through the cache
+
+
+async def test_with_the_cache_off_identical_requests_in_flight_share_one_engine_call(
+    counting: list[CountingRemote],
+) -> None:
+    config = parse_config("""
+engine: {remote: {urls: ['http://d3.test:8000']}, cache: {max_entries: 0}}
+upstreams: {small: {url: http://small.test/v1}}
+policies:
+  auto:
+    questions: {j: {type: noul}}
+    rules:
+      - {name: guard, when: j > 0.9, block: {status: 403, message: no}}
+      - {name: default, route: small}
+""")
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
+    with respx.mock() as mock:
+        mock.post("http://small.test/v1/chat/completions").mock(return_value=httpx.Response(200, json={"ok": True}))
+        app = create_app(config, transport=httpx.AsyncHTTPTransport())
+        [engine] = counting
+        engine.delay_s = 0.05  # long enough for the eight to be in flight together
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+                together = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(8)))
+                later = await http.post("/v1/chat/completions", json=body)
+        finally:
+            await app.aclose()
+    assert [response.status_code for response in together] == [200] * 8
+    assert {response.headers["x-d3-cache"] for response in [*together, later]} == {"miss"}  # nothing is kept
+    assert len(engine.calls) == 2, "identical decisions in flight did not share one engine call with the cache off"
