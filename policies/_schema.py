@@ -97,7 +97,9 @@ class RemoteSettings(Strict):
 
 
 class CacheSettings(Strict):
-    max_entries: int = Field(10_000, ge=0, description="0 keeps no answers; identical decisions in flight still share one engine call.")
+    max_entries: int = Field(
+        10_000, ge=0, description="0 keeps no answers; identical decisions in flight still share one engine call."
+    )
     ttl_s: float = Field(600.0, gt=0)
 
 

@@ -38,6 +38,7 @@ def build_engine(
             extra_args=embedded.args if embedded else (),
         )
     cache = settings.cache
+    shared = shared if cache.max_entries else None  # no cache: no level of it, only single-flight
     return CachedEngine(engine, max_entries=cache.max_entries, ttl_s=cache.ttl_s, shared=shared)
 
 

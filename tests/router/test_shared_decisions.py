@@ -126,3 +126,14 @@ async def test_without_redis_there_is_no_shared_level() -> None:
         assert isinstance(app.service.engine, CachedEngine) and app.service.engine.shared is None
     finally:
         await app.aclose()
+
+
+async def test_the_cache_turned_off_turns_off_its_shared_level_too(redis_server: RedisServer) -> None:
+    config = CONFIG.format(redis=redis_server.url).replace(
+        'urls: ["http://d3.test:8000"]}', 'urls: ["http://d3.test:8000"]}, cache: {max_entries: 0}'
+    )
+    app = create_app(parse_config(config, "c.yaml"))
+    try:
+        assert isinstance(app.service.engine, CachedEngine) and app.service.engine.shared is None
+    finally:
+        await app.aclose()
