@@ -108,7 +108,7 @@ class RedisStore:
         )
 
     async def get(self, key: str, ttl_s: float | None = None) -> str | None:
-        if not self._usable():
+        if not self.usable():
             self.fallbacks["get"] += 1
             return self.local.get_now(key, ttl_s)
         try:
@@ -134,7 +134,7 @@ class RedisStore:
 
     async def fetch(self, key: str, op: str = "answers_get") -> str | None:
         """Redis's value alone (no in-process copy: the decision cache keeps its own), None when slow or down."""
-        if not self._usable():
+        if not self.usable():
             self.fallbacks[op] += 1
             return None
         try:
@@ -151,7 +151,7 @@ class RedisStore:
         await self._put("answers_set", key, value, ttl_s)
 
     async def _put(self, op: str, key: str, value: str, ttl_s: float) -> None:
-        if not self._usable():
+        if not self.usable():
             self.fallbacks[op] += 1
             return
         try:
@@ -162,7 +162,8 @@ class RedisStore:
             return
         self._ok()
 
-    def _usable(self) -> bool:
+    def usable(self) -> bool:
+        """Whether Redis is tried now: not within `RETRY_S` of its last failure."""
         return not self._down or time.monotonic() >= self._down_until
 
     def _failed(self, op: str, exc: BaseException) -> None:
@@ -209,14 +210,13 @@ class SharedAnswers:
         self.store = store
         self.lookups: Counts[str] = metrics.counter(
             "d3router_shared_cache",
-            "Decisions looked up in the shared (Redis) cache after an in-process miss: hit, miss, or down (not asked).",
+            "Decisions looked up in the shared (Redis) cache after an in-process miss: hit, miss or down.",
             ("result",),
         )
 
     async def get(self, key: str) -> str | None:
-        usable = self.store._usable()
         value = await self.store.fetch(self.PREFIX + key)
-        self.lookups["hit" if value is not None else ("miss" if usable else "down")] += 1
+        self.lookups["hit" if value is not None else ("miss" if self.store.usable() else "down")] += 1
         return value
 
     async def set(self, key: str, value: str, ttl_s: float) -> None:

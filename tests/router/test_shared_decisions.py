@@ -117,6 +117,7 @@ async def test_redis_gone_the_engine_decides_and_no_request_fails(
     assert statuses == [200] * 6
     assert len(second_engine.calls) == 6  # Redis could not answer "before": the engine did
     assert sum(counted(second_app, "d3router_redis_fallbacks").values()) > 0
+    assert counted(second_app, "d3router_shared_cache") == {"down": 6.0}
 
 
 async def test_without_redis_there_is_no_shared_level() -> None:
