@@ -72,6 +72,7 @@ class EmbeddedSettings(Strict):
     dtype: str = "auto"
     kv_cache_memory_bytes: str | int | None = Field(None, description="e.g. 256M; leave unset on GPUs.")
     args: list[str] = Field(default_factory=list, description="Extra `vllm serve` arguments.")
+    timeout_s: float = Field(30.0, gt=0, description="Deadline of one decision (then on_engine_error applies).")
 
 
 class RemoteSettings(Strict):

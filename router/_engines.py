@@ -36,6 +36,7 @@ def build_engine(
             dtype=embedded.dtype if embedded else "auto",
             kv_cache_memory_bytes=embedded.kv_cache_memory_bytes if embedded else None,
             extra_args=embedded.args if embedded else (),
+            timeout_s=embedded.timeout_s if embedded else 30.0,
         )
     cache = settings.cache
     shared = shared if cache.max_entries else None  # no cache: no level of it, only single-flight

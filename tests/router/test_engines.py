@@ -86,7 +86,7 @@ def test_the_default_engine_is_embedded_d3_mini_behind_the_cache() -> None:
 def test_an_embedded_engine_takes_its_settings_and_a_model_relative_to_the_file(model: str, expected: str) -> None:
     engine = build_engine(
         settings(f"{{embedded: {{model: '{model}', served_model_name: tiny, max_model_len: 512, dtype: float32,"
-                 " kv_cache_memory_bytes: 64M, args: [--seed, '7']}, cache: {max_entries: 0}}"),
+                 " kv_cache_memory_bytes: 64M, args: [--seed, '7'], timeout_s: 4.5}, cache: {max_entries: 0}}"),
         base_dir=BASE, environ={},
     )  # fmt: skip
     inner = engine.engine
@@ -97,6 +97,7 @@ def test_an_embedded_engine_takes_its_settings_and_a_model_relative_to_the_file(
     assert argv[argv.index("--max-model-len") + 1] == "512"
     assert argv[argv.index("--kv-cache-memory-bytes") + 1] == "64M"
     assert argv[-2:] == ["--seed", "7"]  # extra arguments last: vLLM's parser keeps a repeated flag's last value
+    assert inner._timeout_s == 4.5
 
 
 # --- the cache is really in front of the engine the app builds -------------------------------------------------
