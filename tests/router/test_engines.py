@@ -118,27 +118,39 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[CountingRemote]]:
     yield CountingRemote.built
 
 
-async def test_repeated_requests_reach_the_configured_engine_once(counting: list[CountingRemote]) -> None:
-    config = parse_config("""
-engine: {remote: {urls: ['http://d3.test:8000']}}
-upstreams: {small: {url: http://small.test/v1}}
+COUNTED = """
+engine: {{remote: {{urls: ['http://d3.test:8000']}}, cache: {{max_entries: {entries}}}}}
+upstreams: {{small: {{url: http://small.test/v1}}}}
 policies:
   auto:
-    questions: {j: {type: noul}}
+    questions: {{j: {{type: noul}}}}
     rules:
-      - {name: guard, when: j > 0.9, block: {status: 403, message: no}}
-      - {name: default, route: small}
-""")
-    body = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
+      - {{name: guard, when: j > 0.9, block: {{status: 403, message: no}}}}
+      - {{name: default, route: small}}
+"""
+BODY = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
+
+
+async def send(entries: int, counting: list[CountingRemote], *batches: int) -> list[list[httpx.Response]]:
+    """Batches of identical requests, each batch sent together, to an app whose engine (counted) is built from a
+    configuration keeping `entries` answers."""
     with respx.mock() as mock:
         mock.post("http://small.test/v1/chat/completions").mock(return_value=httpx.Response(200, json={"ok": True}))
-        app = create_app(config, transport=httpx.AsyncHTTPTransport())  # the engine built from the configuration
+        app = create_app(parse_config(COUNTED.format(entries=entries)), transport=httpx.AsyncHTTPTransport())
+        [engine] = counting
+        engine.delay_s = 0.05  # long enough for a batch to be in flight together
         try:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
-                first = await http.post("/v1/chat/completions", json=body)
-                second = await http.post("/v1/chat/completions", json=body)
+                return [
+                    list(await asyncio.gather(*(http.post("/v1/chat/completions", json=BODY) for _ in range(size))))
+                    for size in batches
+                ]
         finally:
             await app.aclose()
+
+
+async def test_repeated_requests_reach_the_configured_engine_once(counting: list[CountingRemote]) -> None:
+    [first], [second] = await send(10_000, counting, 1, 1)
     assert (first.status_code, second.status_code) == (200, 200)
     assert (first.headers["x-d3-cache"], second.headers["x-d3-cache"]) == ("miss", "hit")
     [engine] = counting
@@ -149,28 +161,8 @@ policies:
 async def test_with_the_cache_off_identical_requests_in_flight_share_one_engine_call(
     counting: list[CountingRemote],
 ) -> None:
-    config = parse_config("""
-engine: {remote: {urls: ['http://d3.test:8000']}, cache: {max_entries: 0}}
-upstreams: {small: {url: http://small.test/v1}}
-policies:
-  auto:
-    questions: {j: {type: noul}}
-    rules:
-      - {name: guard, when: j > 0.9, block: {status: 403, message: no}}
-      - {name: default, route: small}
-""")
-    body = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
-    with respx.mock() as mock:
-        mock.post("http://small.test/v1/chat/completions").mock(return_value=httpx.Response(200, json={"ok": True}))
-        app = create_app(config, transport=httpx.AsyncHTTPTransport())
-        [engine] = counting
-        engine.delay_s = 0.05  # long enough for the eight to be in flight together
-        try:
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
-                together = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(8)))
-                later = await http.post("/v1/chat/completions", json=body)
-        finally:
-            await app.aclose()
+    together, [later] = await send(0, counting, 8, 1)
     assert [response.status_code for response in together] == [200] * 8
     assert {response.headers["x-d3-cache"] for response in [*together, later]} == {"miss"}  # nothing is kept
+    [engine] = counting
     assert len(engine.calls) == 2, "identical decisions in flight did not share one engine call with the cache off"

@@ -22,6 +22,7 @@ from policies import Route as RouteAction
 from policies import parse_config
 from router import D3RouterMiddleware
 from tests.router._redis import RedisServer
+from tests.router.test_sessions_redis import chat
 
 pytestmark = pytest.mark.anyio
 
@@ -95,15 +96,6 @@ async def client(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncCl
     monkeypatch.setenv("D3_SESSION_SALT", "test-salt")
     async with serving(make_app()) as http:
         yield http
-
-
-def chat(history: list[str]) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = []
-    for index, text in enumerate(history):
-        messages.append({"role": "user", "content": text})
-        if index < len(history) - 1:
-            messages.append({"role": "assistant", "content": f"answer {index}"})
-    return {"model": "auto", "messages": messages}
 
 
 def seen(response: httpx.Response) -> tuple[int, str | None, str | None]:
