@@ -70,15 +70,15 @@ class ProxyApp:
         self._owns_engine = engine is None
         metrics = Metrics()
         # Sessions and the shared decision cache (issue 12): Redis with server.redis, else in-process; chosen once.
-        store = build_store(config.server, metrics)
+        store, salt = build_store(config.server, metrics), session_salt(config.server, self.environ)
         if engine is None and any(policy.questions for policy in config.policies.values()):
             engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=self.environ,
-                                  shared=shared_answers(store, metrics))  # fmt: skip
+                                  shared=shared_answers(store, metrics, salt))  # fmt: skip
         self.service = RouterService(config, engine, metrics=metrics)
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
         self.forwarder = Forwarder(self.environ, metrics, transport)
-        self.sessions = Sessions(store, config.server.sessions, session_salt(config.server, self.environ), metrics)
+        self.sessions = Sessions(store, config.server.sessions, salt, metrics)
         self.ready = engine is None
         self.draining = False  # set on SIGTERM (router._serve): /readyz answers 503 so the load balancer moves on
         self._closed = False

@@ -52,12 +52,12 @@ class D3RouterMiddleware:
         loaded = config if isinstance(config, Config) else load_config(config)
         self._owns_engine = engine is None
         metrics = Metrics()
-        store = build_store(loaded.server, metrics)
+        store, salt = build_store(loaded.server, metrics), session_salt(loaded.server, os.environ)
         if engine is None and any(policy.questions for policy in loaded.policies.values()):
             engine = build_engine(loaded.engine, base_dir=Path(loaded.file).parent, environ=os.environ,
-                                  shared=shared_answers(store, metrics))  # fmt: skip
+                                  shared=shared_answers(store, metrics, salt))  # fmt: skip
         self.service = RouterService(loaded, engine, metrics=metrics)
-        self.sessions = Sessions(store, loaded.server.sessions, session_salt(loaded.server, os.environ), metrics)
+        self.sessions = Sessions(store, loaded.server.sessions, salt, metrics)
         self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
         self._started = engine is None
         self._start_lock = asyncio.Lock()

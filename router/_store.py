@@ -3,7 +3,7 @@
     store = build_store(config.server, metrics)        # chosen once, at start
     await store.set("session:3f9a...", "large,small", ttl_s=3600)
     await store.get("session:3f9a...")                 # "large,small", or None
-    engine = CachedEngine(inner, shared=shared_answers(store, metrics))   # Redis: the second-level decision cache
+    engine = CachedEngine(inner, shared=shared_answers(store, metrics, salt))   # Redis: a second-level decision cache
 
 Keys are hashed by the caller and values are upstream names or a decision's answers (probabilities, by a digest of
 the decision's content): a store never holds a prompt or a body.
@@ -17,6 +17,7 @@ logs one line when Redis goes away and one when it is back, never one per reques
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from typing import Protocol
@@ -202,12 +203,15 @@ def _safe(url: str) -> str:
 
 class SharedAnswers:
     """The second-level decision cache in Redis (issue 12.4): a decision's answers under `d3:answers:<digest>`,
-    shared by every replica, so a decision one replica paid the engine for is a cache hit on the others."""
+    shared by every replica, so a decision one replica paid the engine for is a cache hit on the others. The
+    content digest is hashed again with the sessions' salt (the same on every replica), so that whoever reads Redis
+    cannot test a guessed prompt against the keys."""
 
     PREFIX = "d3:answers:"
 
-    def __init__(self, store: RedisStore, metrics: Metrics) -> None:
+    def __init__(self, store: RedisStore, metrics: Metrics, salt: bytes) -> None:
         self.store = store
+        self._salt = hashlib.blake2b(salt, digest_size=32).digest()  # any length in, BLAKE2's key size out
         self.lookups: Counts[str] = metrics.counter(
             "d3router_shared_cache",
             "Decisions looked up in the shared (Redis) cache after an in-process miss: hit, miss or down.",
@@ -215,17 +219,20 @@ class SharedAnswers:
         )
 
     async def get(self, key: str) -> str | None:
-        value = await self.store.fetch(self.PREFIX + key)
+        value = await self.store.fetch(self._key(key))
         self.lookups["hit" if value is not None else ("miss" if self.store.usable() else "down")] += 1
         return value
 
     async def set(self, key: str, value: str, ttl_s: float) -> None:
-        await self.store.put(self.PREFIX + key, value, ttl_s)
+        await self.store.put(self._key(key), value, ttl_s)
+
+    def _key(self, digest: str) -> str:
+        return self.PREFIX + hashlib.blake2b(digest.encode(), key=self._salt, digest_size=16).hexdigest()
 
 
-def shared_answers(store: Store, metrics: Metrics) -> SharedCache | None:
+def shared_answers(store: Store, metrics: Metrics, salt: bytes) -> SharedCache | None:
     """The shared decision cache for this store: Redis's, or None for the in-process store (its cache is local)."""
-    return SharedAnswers(store, metrics) if isinstance(store, RedisStore) else None
+    return SharedAnswers(store, metrics, salt) if isinstance(store, RedisStore) else None
 
 
 def build_store(server: ServerSettings, metrics: Metrics) -> MemoryStore | RedisStore:

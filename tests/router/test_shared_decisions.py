@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from d3backend import CachedEngine, FakeEngine
 from policies import parse_config
 from router import ProxyApp, create_app
-from router._store import SharedAnswers
+from router._metrics import Metrics
+from router._store import RedisStore, SharedAnswers
 from tests.router._redis import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -138,3 +139,17 @@ async def test_the_cache_turned_off_turns_off_its_shared_level_too(redis_server:
         assert isinstance(app.service.engine, CachedEngine) and app.service.engine.shared is None
     finally:
         await app.aclose()
+
+
+async def test_keys_are_salted_so_a_guessed_prompt_cannot_be_tested_against_them(redis_server: RedisServer) -> None:
+    store = RedisStore(redis_server.url, timeout_s=1.0, metrics=Metrics())
+    ours, theirs = SharedAnswers(store, Metrics(), b"our salt"), SharedAnswers(store, Metrics(), b"their salt")
+    digest = "ab" * 16  # what CachedEngine passes: the decision's content digest
+    try:
+        await ours.set(digest, "answers", 60)
+        assert (await ours.get(digest), await theirs.get(digest)) == ("answers", None)
+        with redis_server.client() as client:
+            [key] = client.keys("d3:answers:*")
+        assert key != "d3:answers:" + digest and len(key) == len("d3:answers:") + 32
+    finally:
+        await store.aclose()
