@@ -31,7 +31,7 @@ from policies import Block, Config, ConfigError, UpstreamSettings, load_config
 from router import _logging, _tracing
 from router._apis import CHAT, Api
 from router._endpoints import APIS, detect, policy_for, read_request
-from router._engines import Environ, build_engine, start_engine
+from router._engines import Environ, start_engine
 from router._forward import Failure, Forwarder, allowed, retry_after, unsafe_path
 from router._http import (
     BodyTooLarge,
@@ -46,11 +46,10 @@ from router._http import (
     send_error,
     send_json,
 )
-from router._metrics import Metrics
-from router._service import D3Decision, RouterService
-from router._sessions import Sessions, SessionTurn, session_salt
+from router._parts import build_parts
+from router._service import D3Decision
+from router._sessions import SessionTurn
 from router._state import BadRequest
-from router._store import build_store, shared_answers
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +67,11 @@ class ProxyApp:
     ) -> None:
         self.environ = dict(os.environ if environ is None else environ)
         self._owns_engine = engine is None
-        metrics = Metrics()
-        # Sessions and the shared decision cache (issue 12): Redis with server.redis, else in-process; chosen once.
-        store, salt = build_store(config.server, metrics), session_salt(config.server, self.environ)
-        if engine is None and any(policy.questions for policy in config.policies.values()):
-            engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=self.environ,
-                                  shared=shared_answers(store, metrics, salt))  # fmt: skip
-        self.service = RouterService(config, engine, metrics=metrics)
+        self.service, self.sessions = build_parts(config, engine, self.environ)
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
-        self.forwarder = Forwarder(self.environ, metrics, transport)
-        self.sessions = Sessions(store, config.server.sessions, salt, metrics)
-        self.ready = engine is None
+        self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
+        self.ready = self.service.engine is None
         self.draining = False  # set on SIGTERM (router._serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
         self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)

@@ -23,20 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from d3backend import DecisionEngine
 from policies import Block, Config, load_config
 from router._endpoints import APIS, policy_for, read_request
-from router._engines import build_engine, start_engine
+from router._engines import start_engine
 from router._http import BUFFER_LIMIT, ClientDisconnected, encode_headers, send_json
-from router._metrics import Metrics
-from router._service import RouterService
-from router._sessions import Sessions, session_salt
+from router._parts import build_parts
 from router._state import BadRequest
-from router._store import build_store, shared_answers
 
 
 class D3RouterMiddleware:
@@ -51,15 +47,9 @@ class D3RouterMiddleware:
         self.app = app
         loaded = config if isinstance(config, Config) else load_config(config)
         self._owns_engine = engine is None
-        metrics = Metrics()
-        store, salt = build_store(loaded.server, metrics), session_salt(loaded.server, os.environ)
-        if engine is None and any(policy.questions for policy in loaded.policies.values()):
-            engine = build_engine(loaded.engine, base_dir=Path(loaded.file).parent, environ=os.environ,
-                                  shared=shared_answers(store, metrics, salt))  # fmt: skip
-        self.service = RouterService(loaded, engine, metrics=metrics)
-        self.sessions = Sessions(store, loaded.server.sessions, salt, metrics)
+        self.service, self.sessions = build_parts(loaded, engine, os.environ)
         self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
-        self._started = engine is None
+        self._started = self.service.engine is None
         self._start_lock = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
