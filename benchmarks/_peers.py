@@ -20,6 +20,7 @@ Both are optional and installed by `bash benchmarks/install-peers.sh`, never by 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 INSTALL = "bash benchmarks/install-peers.sh"
-VENV = REPO / ".venv-peers"
+VENV = Path(os.environ.get("D3_PEERS_VENV") or REPO / ".venv-peers")  # LiteLLM's own venv (the variable: tests)
 BASE = "d3router cache hit"  # the row each peer is set against (the streamed peers against its streamed row)
 NAMES = ("nginx", "litellm proxy")
 COLUMN = "rps vs d3router"
@@ -103,9 +104,9 @@ LITELLM_ENV = {
 class Peers:
     """Where the peers' configs go (`work`) and how each is started; raises `PeerMissing` if one is missing."""
 
-    def __init__(self, work: Path, venv: Path = VENV) -> None:
+    def __init__(self, work: Path, venv: Path = VENV, nginx: str | None = None) -> None:
         missing = []
-        self.nginx_path = nginx_binary()
+        self.nginx_path = nginx or nginx_binary()
         self.litellm_path = litellm_binary(venv)
         if self.nginx_path is None:
             missing.append("nginx (Debian's package)")

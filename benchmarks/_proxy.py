@@ -159,8 +159,10 @@ async def serve(
     counting = engine.engine if isinstance(engine, CachedEngine) else engine
     exposition = app.service.metrics.render()
     counts = {"engine_calls": counting.calls, "decided_requests": requests_total(exposition)}
-    if sessions is not None:  # the routed turns a session store saw, and those Redis left to the in-process store
-        counts["session_turns"] = requests_total(exposition, "d3router_sessions")
+    if sessions is not None:  # routed turns by session outcome, and the store calls Redis left to the in-process one
+        families = {family.name: family for family in text_string_to_metric_families(exposition)}
+        outcomes = families["d3router_sessions"].samples if "d3router_sessions" in families else []
+        counts["sessions"] = {s.labels["outcome"]: int(s.value) for s in outcomes if s.name.endswith("_total")}
         counts["redis_fallbacks"] = requests_total(exposition, "d3router_redis_fallbacks")
     print(json.dumps(counts), flush=True)
 
