@@ -63,10 +63,17 @@ def _pin(core: int) -> list[str]:
 
 @contextmanager
 def process(
-    argv: list[str], ready_url: str | None, env: dict[str, str] | None = None, timeout_s: float = 60.0
+    argv: list[str],
+    ready_url: str | None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    log: Path | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **(env or {})})  # fmt: skip
+    """Run `argv` until the context ends (SIGINT), once `ready_url` answers; its stdout is a pipe read as it stops,
+    or, with `log`, that file with its stderr too (a chatty process must not fill a pipe nobody reads meanwhile)."""
+    with log.open("w", encoding="utf-8") if log else contextlib.nullcontext() as out:
+        proc = subprocess.Popen(argv, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT if out else
+                                subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})})  # fmt: skip
     try:
         if ready_url:
             deadline = time.monotonic() + timeout_s
@@ -320,7 +327,8 @@ def peer_targets(stack: ExitStack, peers: _peers.Peers, upstream: str, stream: b
         port = free_port()
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         argv, env = peers.nginx(port, upstream, os.geteuid() == 0) if name == "nginx" else peers.litellm(port, upstream)
-        proc = stack.enter_context(process([*_pin(1), *argv], url, env, timeout_s=300))
+        log = peers.work / f"{name.replace(' ', '-')}-{port}.log"
+        proc = stack.enter_context(process([*_pin(1), *argv], url, env, timeout_s=300, log=log))
         failed = len(load(url, 8, 200, stream=stream)["errors"])
         if failed:
             print(f"{name}: {failed} of 200 warm-up requests failed", file=sys.stderr)
