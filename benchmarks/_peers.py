@@ -116,6 +116,7 @@ class Peers:
             raise PeerMissing(f"--peers: {' and '.join(missing)} not installed; install the peers with `{INSTALL}` "
                               "(optional: the tests never need them)")  # fmt: skip
         self.work = work
+        work.mkdir(parents=True, exist_ok=True)  # only once every peer is found
 
     def nginx(self, port: int, upstream: str, as_root: bool) -> tuple[list[str], dict[str, str]]:
         folder = self.work / f"nginx-{port}"

@@ -204,7 +204,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     try:
-        peers = _peers.Peers(Path(tempfile.mkdtemp(prefix="d3-bench-peers-"))) if args.peers else None
+        peers = _peers.Peers(Path(tempfile.gettempdir()) / f"d3-bench-peers-{os.getpid()}") if args.peers else None
     except _peers.PeerMissing as exc:
         parser.exit(2, f"{exc}\n")
     asked = list(args.only)  # for the command line in the results

@@ -128,7 +128,8 @@ def test_peers_start_with_the_generated_configs(tmp_path: Path) -> None:
 
 def test_peers_missing_names_the_install_script(tmp_path: Path) -> None:
     with pytest.raises(_peers.PeerMissing, match=r"LiteLLM proxy \(in .*\) not installed.*install-peers\.sh"):
-        _peers.Peers(tmp_path, venv=tmp_path / "no-venv")
+        _peers.Peers(tmp_path / "work", venv=tmp_path / "no-venv")
+    assert not (tmp_path / "work").exists()
     completed = bench(tmp_path / "results", "--peers", env={"D3_PEERS_VENV": str(tmp_path / "no-venv")})
     assert completed.returncode == 2
     assert "bash benchmarks/install-peers.sh" in completed.stderr and "Traceback" not in completed.stderr
