@@ -211,6 +211,7 @@ def main() -> None:
             ("d3router cache hit, metrics as before", ["router", "--engine", "cache", "--metrics", "old"]),
             ("d3router cache hit, metrics multi-process", ["router", "--engine", "cache"]),
             ("d3router cache hit", ["router", "--engine", "cache"]),
+            ("d3router cache hit, granian", ["router", "--engine", "cache", "--server", "granian"]),
             ("responses cache hit", ["router", "--engine", "cache"]),
             ("messages cache hit", ["router", "--engine", "cache"]),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
