@@ -186,7 +186,9 @@ async def relay(
     headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
     start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
     # The transport's own stream, not `aiter_raw()`: the bytes are the same, without httpx's generator, chunker and
-    # error context around each chunk (the response is closed below either way).
+    # error context around each chunk. The upstream response is closed as soon as its body is read, before the
+    # client's answer ends, as `aiter_raw()` did: once it ends, the disconnect watcher (`cancel_on_disconnect`) may
+    # cancel this task, and a close that waits (httpx's own pool) would be cut short and leak its connection.
     stream = cast(AsyncIterable[bytes], response.stream).__aiter__()  # one iterator: the loops below go on in it
     chunks: list[bytes] = []
     try:
@@ -199,6 +201,7 @@ async def relay(
                     if size > BUFFER_LIMIT:
                         break
                 else:
+                    await response.aclose()  # before the answer ends (see above)
                     body = b"".join(chunks)
                     await send(start)
                     await send({"type": "http.response.body", "body": body})
@@ -217,6 +220,7 @@ async def relay(
             logger.warning("upstream %r broke off its response mid-way (%s); the client's response is cut short",
                            upstream, type(exc).__name__)  # fmt: skip
             return False
+        await response.aclose()  # before the answer ends (see above)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
     finally:
