@@ -2,7 +2,7 @@
 
     python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp|httpx-aiohttp]
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
-        [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB]
+        [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB] [--server uvicorn|granian]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
@@ -11,6 +11,8 @@ prometheus_client (benchmarks/_old_metrics.py); run with PROMETHEUS_MULTIPROC_DI
 prometheus_client's multi-process mode, as under `d3router serve --workers N`. `--sessions` sets the bench policy's
 `session:` (issue 12): `off`, or `{mode: sticky}` with the in-process store (`memory`) or in that Redis
 (`server.redis`); without it the policy says nothing and the router's default applies.
+`--server granian` serves the app under granian's embedded server (its Rust HTTP/1 on our uvloop loop)
+instead of uvicorn + httptools.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 from typing import Any
 
 import httpx
@@ -32,7 +35,8 @@ from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, _h
 from policies import parse_config
 from router import create_app
 from router._http import send_bytes
-from router._serve import run, serve_app
+from router._serve import run
+from router._serve import serve_app as serve_uvicorn
 
 POLICY = """
 upstreams: {{chat: {{url: "{upstream}"}}}}
@@ -111,10 +115,11 @@ def main() -> None:
     parser.add_argument("--transport", choices=["httpx", "aiohttp", "httpx-aiohttp"], default=None)
     parser.add_argument("--metrics", choices=["prometheus", "old"], default="prometheus")
     parser.add_argument("--sessions", default=None, help="off, memory, or a redis:// URL")
+    parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
     args = parser.parse_args()
     if args.transport:
         _http.TRANSPORT = args.transport
-    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions))
+    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server))
 
 
 def bench_config(upstream: str, sessions: str | None = None) -> str:
@@ -134,10 +139,32 @@ def requests_total(exposition: str, name: str = "d3router_requests") -> int:
                    if family.name == name for sample in family.samples))  # fmt: skip
 
 
+async def serve_granian(app: Any, host: str, port: int, **_: Any) -> int:
+    """`app` under granian's embedded server (one worker, on the running loop), until SIGINT/SIGTERM."""
+    from granian.constants import HTTPModes, Interfaces
+    from granian.log import LogLevels
+    from granian.server.embed import Server
+
+    server = Server(app, address=host, port=port, interface=Interfaces.ASGI, http=HTTPModes.http1, websockets=False,
+                    log_level=LogLevels.warning)  # fmt: skip
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, server.stop)
+    loop.add_signal_handler(signal.SIGTERM, server.stop)
+    await server.serve()
+    return 0
+
+
 async def serve(
-    mode: str, port: int, upstream: str, engine_spec: str, metrics: str = "prometheus", sessions: str | None = None
+    mode: str,
+    port: int,
+    upstream: str,
+    engine_spec: str,
+    metrics: str = "prometheus",
+    sessions: str | None = None,
+    server: str = "uvicorn",
 ) -> None:
     app: Any
+    serve_app = serve_granian if server == "granian" else serve_uvicorn
     if mode == "passthrough":
         client = make_client(timeout=60, connect_timeout=5)
         try:

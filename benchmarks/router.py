@@ -238,6 +238,7 @@ def main() -> None:
             ("d3router cache hit, metrics multi-process", ["router", "--engine", "cache"]),
             ("d3router cache hit", ["router", "--engine", "cache"]),
             *((name, _sessionrows.spec(name)) for name in _sessionrows.ROWS),
+            ("d3router cache hit, granian", ["router", "--engine", "cache", "--server", "granian"]),
             ("responses cache hit", ["router", "--engine", "cache"]),
             ("messages cache hit", ["router", "--engine", "cache"]),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),

@@ -26,6 +26,7 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import cast
 
 import aiohttp
 import httpx
@@ -182,8 +183,25 @@ def outbound_request(
     parsed = _url(url)
     if query:
         parsed = parsed.copy_with(query=query)
-    timeout = _timeout(timeout_s, connect_timeout_s)
-    return httpx.Request(method, parsed, headers=headers, content=content, extensions={"timeout": timeout})
+    extensions = {"timeout": _timeout(timeout_s, connect_timeout_s)}
+    pairs: list[tuple[str | bytes, str | bytes]] = list(headers.items() if isinstance(headers, Mapping) else headers)
+    names = {(name if isinstance(name, bytes) else name.encode("latin-1")).lower() for name, _ in pairs}
+    if names & _SET_BY_HTTPX:  # the caller set them: httpx's own rules apply as they are
+        return httpx.Request(method, parsed, headers=headers, content=content, extensions=extensions)
+    # httpx's defaults for `content=`, set here directly: Host first, Content-Length last, as httpx orders them.
+    # Its own way (setdefault on its Headers) was a tenth of the router's own time per proxied request.
+    body = content or b""
+    if body or method in ("POST", "PUT", "PATCH"):
+        pairs.append((b"Content-Length", str(len(body)).encode()))
+    if parsed.host:
+        pairs.insert(0, (b"Host", parsed.netloc))
+    given = cast(Sequence[tuple[bytes, bytes]], pairs)  # str and bytes pairs alike: httpx encodes each
+    request = httpx.Request(method, parsed, headers=given, stream=httpx.ByteStream(body), extensions=extensions)
+    request.read()  # `request.content` is the body, as after `content=`
+    return request
+
+
+_SET_BY_HTTPX = frozenset({b"host", b"content-length", b"transfer-encoding"})
 
 
 @functools.lru_cache(maxsize=1024)

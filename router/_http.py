@@ -7,7 +7,9 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import types
+from collections.abc import AsyncIterable, Awaitable, Callable, Coroutine, Generator, Iterable, Sequence
+from typing import Any, TypeVar, cast
 
 import httpx
 from starlette.types import Receive, Send
@@ -25,6 +27,7 @@ NOT_FORWARDED_RAW = frozenset(name.encode() for name in NOT_FORWARDED)
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
 Headers = list[tuple[bytes, bytes]]
+T = TypeVar("T")
 
 
 class BodyTooLarge(Exception):
@@ -60,7 +63,21 @@ def header_value(value: str) -> bytes:
 
 
 def encode_headers(pairs: Iterable[tuple[str, str]]) -> Headers:
-    return [(name.lower().encode("latin-1"), header_value(value)) for name, value in pairs]
+    """Each pair lower-cased and made safe (`header_value`). A pair is encoded once and then looked up: a route's
+    `x-d3-*` headers repeat from one request to the next (a fifth of the headers' cost, measured)."""
+    encoded = []
+    for pair in pairs:
+        found = _ENCODED.get(pair)
+        if found is None:
+            if len(_ENCODED) >= _ENCODED_MAX:  # values from requests (decision times, tags) must not grow it
+                _ENCODED.clear()
+            found = _ENCODED[pair] = (pair[0].lower().encode("latin-1"), header_value(pair[1]))
+        encoded.append(found)
+    return encoded
+
+
+_ENCODED: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+_ENCODED_MAX = 4096
 
 
 def error_payload(message: str, type_: str, code: str | int | None = None, param: str | None = None) -> bytes:
@@ -117,6 +134,43 @@ async def cancel_on_disconnect(receive: Receive, work: Callable[[], Awaitable[No
         watcher.cancel()
 
 
+async def within(timeout_s: float, work: Coroutine[Any, Any, T]) -> T:
+    """`await work` under `asyncio.timeout(timeout_s)`, the timer armed only once `work` first waits: a decision
+    from the cache returns without ever waiting, and arming and cancelling a timer for it was a twelfth of a cache
+    hit's time in the proxy (benchmarks/router.py). A `work` that waits gets the whole budget from that moment."""
+    try:
+        waiting = work.send(None)  # run it up to its first wait, as the task itself would
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    except BaseException:
+        work.close()
+        raise
+    async with asyncio.timeout(timeout_s):
+        return await _go_on(work, waiting)
+
+
+@types.coroutine
+def _go_on(work: Coroutine[Any, Any, T], waiting: Any) -> Generator[Any, Any, T]:
+    """Go on with `work`, stopped at its first wait on `waiting`: hand what it waits on to the task, and the task's
+    answer (a value, a cancellation) back to it, as `await` would."""
+    while True:
+        try:
+            value = yield waiting
+        except GeneratorExit:
+            work.close()
+            raise
+        except BaseException as exc:  # the task's cancellation goes on into `work`
+            try:
+                waiting = work.throw(exc)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            continue
+        try:
+            waiting = work.send(value)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
 BUFFER_LIMIT = 1024 * 1024
 
 
@@ -131,7 +185,11 @@ async def relay(
     A body read whole is also appended to `whole`, when given (the session of a Responses answer's id)."""
     headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
     start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
-    stream = response.aiter_raw()
+    # The transport's own stream, not `aiter_raw()`: the bytes are the same, without httpx's generator, chunker and
+    # error context around each chunk. The upstream response is closed as soon as its body is read, before the
+    # client's answer ends, as `aiter_raw()` did: once it ends, the disconnect watcher (`cancel_on_disconnect`) may
+    # cancel this task, and a close that waits (httpx's own pool) would be cut short and leak its connection.
+    stream = cast(AsyncIterable[bytes], response.stream).__aiter__()  # one iterator: the loops below go on in it
     chunks: list[bytes] = []
     try:
         if not response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -143,6 +201,7 @@ async def relay(
                     if size > BUFFER_LIMIT:
                         break
                 else:
+                    await response.aclose()  # before the answer ends (see above)
                     body = b"".join(chunks)
                     await send(start)
                     await send({"type": "http.response.body", "body": body})
@@ -161,6 +220,7 @@ async def relay(
             logger.warning("upstream %r broke off its response mid-way (%s); the client's response is cut short",
                            upstream, type(exc).__name__)  # fmt: skip
             return False
+        await response.aclose()  # before the answer ends (see above)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         return True
     finally:
