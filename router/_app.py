@@ -263,17 +263,15 @@ class ProxyApp:
                     metrics.upstream_errors[(name, str(response.status_code))] += 1
                     failure = (502, f"upstream {name!r} answered {response.status_code}")
                     continue
-                whole: list[bytes] | None = [] if turn is not None and turn.wants_answer else None
+                remember = turn.remember if turn is not None and turn.wants_answer and response.is_success else None
                 try:
-                    if not await relay(response, send, encode_headers(d3.headers(upstream=name)), name, whole):
+                    if not await relay(response, send, encode_headers(d3.headers(upstream=name)), name, remember):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
                     failure = (502, str(exc))
                     continue
                 metrics.request(d3.policy, d3.decision.rule, "route", response.status_code)
-                if whole and turn is not None and response.status_code < 300:  # the client has its answer already
-                    await turn.remember(whole[0])
                 return
         metrics.request(d3.policy, d3.decision.rule, "route", failure[0])
         error = api.error(failure[0], failure[1], "upstream_error")

@@ -175,14 +175,19 @@ BUFFER_LIMIT = 1024 * 1024
 
 
 async def relay(
-    response: httpx.Response, send: Send, extra: Headers, upstream: str = "upstream", whole: list[bytes] | None = None
+    response: httpx.Response,
+    send: Send,
+    extra: Headers,
+    upstream: str = "upstream",
+    on_whole: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> bool:
     """Send `response` to the client: status, headers (hop-by-hop removed), raw bytes. An event stream goes on as it
     arrives, unbuffered. Any other body is read whole first (up to `BUFFER_LIMIT`, then streamed), so an upstream
     that breaks off mid-way raises `UpstreamBroke` while nothing has reached the client, and the caller can try
     another upstream or answer 502. Once started, a break logs one warning, leaves the response incomplete (the
     server closes the connection: the client sees the cut) and returns False. The upstream response is closed.
-    A body read whole is also appended to `whole`, when given (the session of a Responses answer's id)."""
+    A body read whole is given to `on_whole` before the client has it (the session of a Responses answer's id: stored
+    before the client can send its next turn, perhaps to another replica)."""
     headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
     start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
     # The transport's own stream, not `aiter_raw()`: the bytes are the same, without httpx's generator, chunker and
@@ -203,10 +208,10 @@ async def relay(
                 else:
                     await response.aclose()  # before the answer ends (see above)
                     body = b"".join(chunks)
+                    if on_whole is not None:
+                        await on_whole(body)
                     await send(start)
                     await send({"type": "http.response.body", "body": body})
-                    if whole is not None:
-                        whole.append(body)
                     return True
             except httpx.HTTPError as exc:
                 raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc

@@ -3,6 +3,7 @@ fingerprint; guards on every turn; the Responses chain; hashed keys in the store
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -346,3 +347,40 @@ def test_the_salt_comes_from_its_environment_variable(caplog: pytest.LogCaptureF
     assert "'SALT', which is unset or empty" in caplog.text
     alone = server("{}")
     assert session_salt(alone, {}) != session_salt(alone, {})  # random per process
+
+
+class RecordingStore(MemoryStore):
+    """Records, in `events`, when a Responses answer's id is stored."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        await super().set(key, value, ttl_s)
+        if key.startswith("d3:response:"):
+            self.events.append("remembered")
+
+
+async def test_a_responses_answers_id_is_stored_before_the_client_has_the_answer(app: ProxyApp) -> None:
+    """Else a fast client's next turn, sent to another replica, could look the id up before it is in Redis."""
+    events: list[str] = []
+    app.sessions.store = RecordingStore(events)
+    body = json.dumps({"model": "auto", "input": "a HARD one", "user": "u-1"}).encode()
+    scope = {"type": "http", "method": "POST", "path": "/v1/responses", "raw_path": b"/v1/responses",
+             "query_string": b"", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
+             "scheme": "http", "server": ("router", 80), "client": ("127.0.0.1", 1)}  # fmt: skip
+    requests = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if requests:
+            return requests.pop()
+        await asyncio.Event().wait()  # the client stays until the answer is done
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            events.append("answered")
+
+    await app(scope, receive, send)
+    assert events == ["remembered", "answered"]

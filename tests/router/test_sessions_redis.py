@@ -199,8 +199,10 @@ async def test_a_slow_redis_costs_at_most_its_timeout(mock: respx.MockRouter) ->
 # --- two `d3router serve` processes -------------------------------------------------------------------------------
 PEER = textwrap.dedent('''
     """The decision engine (`/v1/systemone`: `hard` is yes for a state with HARD) and two upstreams, one process."""
-    import json, sys
+    import itertools, json, sys
     import uvicorn
+
+    ANSWERS = itertools.count(1)
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
@@ -222,7 +224,7 @@ PEER = textwrap.dedent('''
                    "answers": {qid: noul for qid in request["questions"]},
                    "usage": {"input_tokens": 1, "output_tokens": 0}, "joint": None}
         else:
-            out = {"up": path.split("/")[1]}
+            out = {"up": path.split("/")[1], "id": f"resp_{next(ANSWERS)}"}  # an id: a Responses answer's
         data = json.dumps(out).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
@@ -328,3 +330,30 @@ def test_redis_server_stops_by_its_pid() -> None:
         socket.create_connection(("127.0.0.1", server.port), timeout=1).close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_responses_chain_crosses_replicas(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Each answer's id is in Redis when the client has the answer: its next turn, sent to the other replica through
+    a real socket, continues the session (tests/router/test_sessions.py checks the order itself)."""
+    peer_port, ports = free_port(), [free_port(), free_port()]
+    (tmp_path / "peer.py").write_text(PEER, encoding="utf-8")
+    config = tmp_path / "router.yaml"
+    config.write_text(SERVE.format(redis=redis_server.url, peer=peer_port), encoding="utf-8")
+    processes = [_start([str(tmp_path / "peer.py"), str(peer_port)], f"http://127.0.0.1:{peer_port}/v1/models")]
+    try:
+        for port in ports:
+            argv = ["-m", "router", "serve", str(config), "--port", str(port), "--log-level", "warning"]
+            processes.append(_start(argv, f"http://127.0.0.1:{port}/healthz"))
+        with httpx.Client(timeout=10) as http:
+            previous = None
+            for turn in range(6):
+                body = {"model": "auto", "input": "a HARD task" if turn == 0 else "easy"}
+                if previous is not None:
+                    body["previous_response_id"] = previous
+                response = http.post(f"http://127.0.0.1:{ports[turn % 2]}/v1/responses", json=body)
+                seen = (response.status_code, response.json()["up"], response.headers.get("x-d3-session"))
+                assert seen == (200, "large", "new" if turn == 0 else "sticky"), turn
+                previous = response.json()["id"]
+    finally:
+        for process in processes:
+            _stop(process)
