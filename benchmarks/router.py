@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -256,7 +256,7 @@ def main() -> None:
                         for name, spec in chosen]  # fmt: skip
             rows += interleaved(targets + plain_peers, levels, requests, rounds)
         rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
-        extra["streaming"] = streaming(slow, requests // 10 or 10, rounds)
+        extra["streaming"] = streaming(slow, requests // 10 or 10, rounds, peers)
         if any(picked(args.only, f"d3router serve, remote engine, {n}") for n in ("1 worker", "2 workers")):
             rows += workers(work, upstream, levels, requests, rounds)
         if not args.no_engine and picked(args.only, "d3router real engine (no cache)"):
@@ -400,14 +400,26 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def streaming(upstream: str, requests: int, rounds: int) -> dict[str, Any]:
-    """TTFB and inter-chunk gaps, directly and through d3router (cache hit), at concurrency 1, in turns."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
-    with process([*_pin(1), PY, "-m", "benchmarks._proxy", "router", str(port), upstream], url) as proc:
-        load(url, 1, 5, stream=True)
-        targets = [Target("direct", f"{upstream}/chat/completions", stream=True),
-                   Target("d3router", url, lambda: [proc.pid], stream=True)]  # fmt: skip
+def streaming(upstream: str, requests: int, rounds: int, peers: _peers.Peers | None = None) -> dict[str, Any]:
+    """TTFB and inter-chunk gaps at concurrency 1, in turns: directly, through d3router (cache hit), through the bare
+    Starlette pass-through on the same transport and, with `peers`, through nginx and LiteLLM proxy; each one's
+    first byte also as added over the direct one's."""
+    with ExitStack() as stack:
+        hops = [
+            ("d3router", ["router", "--sessions", "off"]),
+            ("pass-through", ["passthrough", "--transport", "aiohttp"]),
+        ]
+        targets = [Target("direct", f"{upstream}/chat/completions", stream=True)]
+        for name, spec in hops:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}/v1/chat/completions"
+            argv = [*_pin(1), PY, "-m", "benchmarks._proxy", spec[0], str(port), upstream, *spec[1:]]
+            proc = stack.enter_context(process(argv, url))
+            load(url, 1, 5, stream=True)
+            targets.append(Target(name, url, (lambda pid: lambda: [pid])(proc.pid), stream=True))
+        if peers is not None:
+            targets += [replace(target, name=target.name.removeprefix("stream, "))
+                        for target in peer_targets(stack, peers, upstream, stream=True)]  # fmt: skip
         rows = interleaved(targets, (1,), requests, rounds)
     result: dict[str, Any] = {}
     for row in rows:
@@ -418,7 +430,10 @@ def streaming(upstream: str, requests: int, rounds: int) -> dict[str, Any]:
             "chunk gap min ms": min(data["gaps_ms"]),
             "errors": len(data["errors"]),
         }
-    result["ttfb added p50 ms"] = result["d3router"]["ttfb p50 ms"] - result["direct"]["ttfb p50 ms"]
+    direct = result["direct"]["ttfb p50 ms"]
+    for name in [name for name in result if name != "direct"]:
+        result[name]["ttfb added p50 ms"] = result[name]["ttfb p50 ms"] - direct
+    result["ttfb added p50 ms"] = result["d3router"]["ttfb added p50 ms"]
     return result
 
 

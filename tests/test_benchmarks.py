@@ -60,7 +60,14 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
         ratios = [row["rps vs chat"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
         assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # c=1 and 8, each set against chat
     extra = json.loads((tmp_path / "router-extra.json").read_text())
-    assert extra["streaming"]["d3router"]["errors"] == 0
+    streaming = extra["streaming"]
+    assert {name: streaming[name]["errors"] for name in ("direct", "d3router", "pass-through")} == {
+        "direct": 0,
+        "d3router": 0,
+        "pass-through": 0,
+    }  # the first byte through the router is set beside the bare pass-through's, on the same slow upstream
+    assert streaming["ttfb added p50 ms"] == streaming["d3router"]["ttfb added p50 ms"]
+    assert "ttfb added p50 ms" in streaming["pass-through"]
     calls = extra["engine_calls"]["d3router fake engine 10 ms"]
     assert calls["engine_calls"] == calls["decided_requests"] > 0  # one engine call per uncached request
     assert set(extra["vs chat"]) == {"responses cache hit", "messages cache hit", "stream, responses cache hit",
