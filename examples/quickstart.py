@@ -17,6 +17,7 @@ Ctrl-C stops the router and the upstream.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -39,6 +40,9 @@ def main() -> int:
         return 2
     model = make_model(WORK / "tiny-model")
     print(f"quickstart: built the tiny model in {model} (its answers carry no meaning)", flush=True)
+    # vLLM keeps Responses answers only when told to: then `previous_response_id` chains work end to end (and the
+    # router keeps such a chain on its session's upstream).
+    os.environ.setdefault("VLLM_ENABLE_RESPONSES_API_STORE", "1")
     upstream = VllmServer(model, served_model_name="d3-tiny", port=8001, workdir=WORK / "upstream")
     print("quickstart: starting the upstream, a vLLM chat server of the tiny model on :8001 (~30 s)", flush=True)
     upstream.start()
