@@ -1,11 +1,12 @@
 """The router benchmark's session rows (issue 12): the cache-hit row again with sessions, in-process and in Redis.
 
-The bench policy is `session: {mode: sticky}` in those two rows and `{mode: off}` in every other d3router row
+The bench policy is `session: {mode: sticky}` in those rows and `{mode: off}` in every other d3router row
 (benchmarks/_proxy.py `--sessions`), so that the difference is what sessions add. Each request is the load
 generator's own chat body, one user turn, with no session id: its session is the fingerprint of that identical
 opening (system prompt and first user turn, with the client's credential hashed in), found from the body on every
-request. An opening turn is decided anew and its route written to the store (Redis: one SET with its TTL); a later
-turn would read it instead (one GETEX, the read and the TTL's restart in one round trip): either is one round trip.
+request. An opening turn is decided anew and its route written to the store (Redis: one SET with its TTL). The
+"later turns" rows send a conversation's third turn instead: its session, found by the same opening, is read from
+the store (one GETEX, the read and the TTL's restart in one round trip) and the turn goes where it says ("sticky").
 
 `redis_server(pin)` starts a redis-server of the benchmark's own on a free port (no persistence) and stops it by
 its PID; `vs_cache_hit(rows)` fills each session row's added p50 over the plain cache-hit row at the same
@@ -14,24 +15,48 @@ concurrency and returns a summary line per session row, with the issue's target 
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from redis import Redis
 from redis.exceptions import RedisError
 
+from benchmarks._loadgen import PROMPT
 from d3backend import free_port
 
 PLAIN = "d3router cache hit"
+LATER = ", later turns"
 # Row name: (its `--sessions` spec, "redis" standing for the benchmark's own server; the added p50 at c=1 aimed at).
-ROWS = {f"{PLAIN}, sessions in-process": ("memory", 0.05), f"{PLAIN}, sessions in Redis": ("redis", 0.3)}
+ROWS = {
+    f"{PLAIN}, sessions in-process": ("memory", 0.05),
+    f"{PLAIN}, sessions in Redis": ("redis", 0.3),
+    f"{PLAIN}, sessions in-process{LATER}": ("memory", 0.05),
+    f"{PLAIN}, sessions in Redis{LATER}": ("redis", 0.3),
+}
 COLUMN = "added p50 vs cache hit ms"
+
+
+@functools.cache
+def body(name: str) -> Path | None:
+    """The request body of a session row: the load generator's own (an opening turn) or, for a "later turns" row,
+    a third turn of the same conversation, whose session is found by its opening and read from the store."""
+    if not name.endswith(LATER):
+        return None
+    messages = [{"role": "user", "content": PROMPT}, {"role": "assistant", "content": "def add(a, b): return a + b"},
+                {"role": "user", "content": "Thanks; now add type hints."}]  # fmt: skip
+    path = Path(tempfile.mkdtemp(prefix="d3-bench-body-")) / "later.json"
+    path.write_text(json.dumps({"model": "auto", "stream": False, "messages": messages}), encoding="utf-8")
+    return path
 
 
 def base(only: list[str], name: str) -> bool:

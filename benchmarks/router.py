@@ -252,7 +252,7 @@ def main() -> None:
             targets = [Target("direct", f"{upstream}/chat/completions")]
             targets += [proxy(stack, name, _sessionrows.with_redis(spec, redis), upstream, extra,
                               env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)} if "multi-process" in name else None,
-                              api=api_of(name))
+                              api=api_of(name), body=_sessionrows.body(name))
                         for name, spec in chosen]  # fmt: skip
             rows += interleaved(targets + plain_peers, levels, requests, rounds)
         rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
@@ -297,14 +297,16 @@ def proxy(
     env: dict[str, str] | None = None,
     stream: bool = False,
     api: str = "chat",
+    body: Path | None = None,
 ) -> Target:
     """Start one of `benchmarks._proxy`'s proxies on `core`, until `stack` closes; then record its engine calls.
-    The target sends `api`'s request to `api`'s endpoint. A router without `--sessions` runs with sessions off."""
+    The target sends `api`'s request (or `body`) to `api`'s endpoint. A router without `--sessions` runs with
+    sessions off."""
     if spec[0] == "router" and "--sessions" not in spec:
         spec = [*spec, "--sessions", "off"]
     port = free_port()
     url = f"http://127.0.0.1:{port}{PATHS[api]}"
-    body = body_file(api, stream)
+    body = body or body_file(api, stream)
     argv = [*_pin(core), PY, "-m", "benchmarks._proxy", spec[0], str(port), upstream, *spec[1:]]
 
     @contextmanager

@@ -23,7 +23,7 @@ from benchmarks._proxy import bench_config
 from policies import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
-IN_PROCESS, IN_REDIS = _sessionrows.ROWS  # the two session rows' names
+IN_PROCESS, IN_REDIS, LATER_IN_PROCESS, LATER_IN_REDIS = _sessionrows.ROWS  # the session rows' names
 
 if shutil.which("redis-server") is None:  # a missing install is a failure to see, never a silent skip
     pytest.fail("redis-server is not installed; run `bash .ci/setup` (it installs Debian's redis-server)",
@@ -44,21 +44,29 @@ def test_session_rows_run_beside_the_cache_hit_row_with_no_errors(tmp_path: Path
     by_target: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_target.setdefault(row["target"], []).append(row)
-    assert set(by_target) == {"direct", "d3router cache hit", IN_PROCESS, IN_REDIS}  # the plain row comes along
-    for name in (IN_PROCESS, IN_REDIS):
+    assert set(by_target) == {"direct", "d3router cache hit", *_sessionrows.ROWS}  # the plain row comes along
+    for name in _sessionrows.ROWS:
         assert [row["concurrency"] for row in by_target[name]] == [1, 8]
         assert all(row["errors"] == 0 and row["requests"] > 0 for row in by_target[name]), name
         assert all(isinstance(row[_sessionrows.COLUMN], float) for row in by_target[name]), name
     extra = json.loads((tmp_path / "router-extra.json").read_text())
     calls = extra["engine_calls"]
-    # The plain row has sessions off; the session rows decide every request as a session's opening turn.
+    # The plain row has sessions off; the opening rows decide every request as a session's opening turn; the later
+    # turns rows start their session once (in Redis it may be there already: the opening row's proxy wrote it) and
+    # then read it on every turn (sticky).
     assert set(calls["d3router cache hit"]["sessions"]) == {"off"}
     for name in (IN_PROCESS, IN_REDIS):
         assert calls[name]["sessions"] == {"new": calls[name]["decided_requests"]}, name
-    # Redis served the Redis row: a store that never reached it would have fallen back on every call.
-    assert calls[IN_REDIS]["redis_fallbacks"] < calls[IN_REDIS]["decided_requests"] // 2
-    assert calls[IN_PROCESS]["redis_fallbacks"] == 0
-    assert set(extra["sessions"]) == {IN_PROCESS, IN_REDIS}
+    assert calls[LATER_IN_PROCESS]["sessions"] == {"new": 1, "sticky": calls[LATER_IN_PROCESS]["decided_requests"] - 1}
+    later = calls[LATER_IN_REDIS]["sessions"]
+    assert (
+        later.get("new", 0) <= 1 and later.get("new", 0) + later["sticky"] == calls[LATER_IN_REDIS]["decided_requests"]
+    )
+    # Redis served the Redis rows: a store that never reached it would have fallen back on every call.
+    for name in (IN_REDIS, LATER_IN_REDIS):
+        assert calls[name]["redis_fallbacks"] < calls[name]["decided_requests"] // 2, name
+    assert calls[IN_PROCESS]["redis_fallbacks"] == calls[LATER_IN_PROCESS]["redis_fallbacks"] == 0
+    assert set(extra["sessions"]) == set(_sessionrows.ROWS)
     table = (tmp_path / "router.md").read_text()
     assert f"- {IN_PROCESS}: adds p50 ms" in table and "target <= 0.05 ms at c=1" in table
     assert f"- {IN_REDIS}: adds p50 ms" in table and "target <= 0.3 ms at c=1" in table

@@ -275,7 +275,7 @@ async def test_keys_are_hashed_in_the_store_the_log_and_explain(
     await talk.say("easy")
     store = app.sessions.store
     assert isinstance(store, MemoryStore)
-    keys = list(store._cache.keys())
+    keys = list(store._entries.keys())
     assert len(keys) == 1
     assert "secret" not in keys[0] and keys[0].startswith("d3:session:auto:")
     assert store.get_now(keys[0]) == "large"
@@ -384,3 +384,14 @@ async def test_a_responses_answers_id_is_stored_before_the_client_has_the_answer
 
     await app(scope, receive, send)
     assert events == ["remembered", "answered"]
+
+
+async def test_memory_store_drops_the_least_recently_used_and_an_expired_entry_on_read() -> None:
+    store = MemoryStore(max_entries=2)
+    await store.set("a", "1", ttl_s=60)
+    await store.set("b", "2", ttl_s=60)
+    assert await store.get("a") == "1"  # now b is the least recently used
+    await store.set("c", "3", ttl_s=60)
+    assert (await store.get("a"), await store.get("b"), await store.get("c")) == ("1", None, "3")
+    await store.set("a", "1", ttl_s=-1)  # already past its deadline
+    assert await store.get("a") is None and len(store) == 1 and store.ttl("c") > 59
