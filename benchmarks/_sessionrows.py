@@ -117,12 +117,15 @@ def vs_cache_hit(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]] |
     printed as it stopped) the turns Redis left to the in-process store, if any."""
     plain = {row["concurrency"]: row for row in rows if row["target"] == PLAIN}
     found: dict[str, list[tuple[int, float]]] = {}
+    cpu: dict[str, list[float]] = {}  # the steadier figure on these shared cores: CPU per request, added
     for row in rows:
         base = plain.get(row["concurrency"])
         if row["target"] not in ROWS or base is None:
             continue
         row[COLUMN] = row["p50 ms"] - base["p50 ms"]
         found.setdefault(row["target"], []).append((row["concurrency"], row[COLUMN]))
+        if isinstance(row.get("CPU ms/req"), float) and isinstance(base.get("CPU ms/req"), float):
+            cpu.setdefault(row["target"], []).append(row["CPU ms/req"] - base["CPU ms/req"])
     lines = {}
     for name, added in found.items():
         target = ROWS[name][1]
@@ -133,6 +136,7 @@ def vs_cache_hit(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]] |
         lines[name] = (
             f"{name}: adds p50 ms {', '.join(f'{value:+.3f}' for _, value in added)} over {PLAIN} at "
             f"c={'/'.join(str(level) for level, _ in added)}; target <= {target} ms at c=1{verdict}"
+            + (f"; CPU ms per request {', '.join(f'{value:+.3f}' for value in cpu[name])}" if name in cpu else "")
             + (f"; {errors} errors" if errors else "")
             + (f"; {fallbacks} store calls fell back from Redis to the in-process store" if fallbacks else "")
         )

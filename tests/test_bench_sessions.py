@@ -96,6 +96,11 @@ def test_session_summary_sets_each_row_against_the_plain_row() -> None:
     assert lines[IN_PROCESS].endswith("at c=1/8; target <= 0.05 ms at c=1 (met)")
     assert "+0.040, +0.100" in lines[IN_PROCESS]
     assert "target <= 0.3 ms at c=1 (MISSED); 3 errors; 7 store calls fell back" in lines[IN_REDIS]
+    for each, cpu in zip(rows, (0.5, 0.4, 0.52, 0.41, 0.6), strict=True):
+        each["CPU ms/req"] = cpu
+    with_cpu = _sessionrows.vs_cache_hit(rows)
+    assert "(met); CPU ms per request +0.020, +0.010" in with_cpu[IN_PROCESS]
+    assert with_cpu[IN_REDIS].endswith("(MISSED); CPU ms per request +0.100; 3 errors")
 
 
 def test_nginx_config_is_one_worker_with_keepalive_upstreams_and_no_buffering(tmp_path: Path) -> None:
