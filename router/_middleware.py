@@ -100,13 +100,13 @@ class D3RouterMiddleware:
             if message["type"] == "http.response.start":
                 kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in replaced]
                 message = {**message, "headers": [*kept, *headers]}
-            if answer is not None:
-                answer.see(message)
+            if answer is not None and answer.see(message):
+                # The whole answer, before its last part goes out: the session knows its id before the client can
+                # send the next turn, perhaps to another replica (as the proxy's relay does).
+                await turn.remember(answer.whole)
             await send(message)
 
         await self.app(scope, _replay(raw, receive), send_with_headers)
-        if answer is not None and answer.whole is not None:  # sent: the client has it; now the session learns its id
-            await turn.remember(answer.whole)
 
     async def _start(self) -> None:
         if self._started:
@@ -138,26 +138,29 @@ class _Answer:
     def __init__(self) -> None:
         self._parts: list[bytes] | None = []
         self._size = 0
-        self.whole: bytes | None = None
+        self.whole = b""
 
-    def see(self, message: Message) -> None:
+    def see(self, message: Message) -> bool:
+        """Keep what `message` adds; True once the answer is whole (then it is in `whole`)."""
         if self._parts is None:
-            return
+            return False
         if message["type"] == "http.response.start":
             types = [v for k, v in message.get("headers", []) if k.lower() == b"content-type"]
             if message["status"] >= 300 or not types or not types[0].startswith(b"application/json"):
                 self._parts = None
-            return
+            return False
         if message["type"] != "http.response.body":
-            return
+            return False
         chunk = message.get("body", b"")
         self._size += len(chunk)
         if self._size > BUFFER_LIMIT:
             self._parts = None
-            return
+            return False
         self._parts.append(chunk)
-        if not message.get("more_body", False):
-            self.whole = b"".join(self._parts)
+        if message.get("more_body", False):
+            return False
+        self.whole = b"".join(self._parts)
+        return True
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

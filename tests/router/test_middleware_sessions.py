@@ -153,3 +153,43 @@ async def test_two_app_replicas_share_sessions_through_redis(
         with redis_server.client() as redis:
             [key] = redis.keys("d3:session:*")
             assert redis.get(key) == "large"
+
+
+async def test_a_responses_answers_id_is_stored_before_the_client_has_the_answer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As in the proxy: else a fast client's next turn, sent to another replica, could look the id up too early."""
+    monkeypatch.setenv("D3_SESSION_SALT", "test-salt")
+    events: list[str] = []
+    app = make_app()
+    async with serving(app):  # the middleware is built once the app starts
+        middleware = app.middleware_stack
+        while not isinstance(middleware, D3RouterMiddleware):
+            middleware = middleware.app  # type: ignore[attr-defined]
+        store = middleware.sessions.store
+        remember = store.set
+
+        async def recorded(key: str, value: str, ttl_s: float) -> None:
+            await remember(key, value, ttl_s)
+            if key.startswith("d3:response:"):
+                events.append("remembered")
+
+        monkeypatch.setattr(store, "set", recorded)
+        body = json.dumps({"model": "auto", "input": "a HARD one", "user": "u-1"}).encode()
+        scope = {"type": "http", "method": "POST", "path": "/v1/responses", "raw_path": b"/v1/responses",
+                 "query_string": b"", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
+                 "scheme": "http", "server": ("app", 80), "client": ("127.0.0.1", 1), "app": app}  # fmt: skip
+        requests = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if requests:
+                return requests.pop()
+            await asyncio.Event().wait()
+            raise AssertionError("unreachable")
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                events.append("answered")
+
+        await app(scope, receive, send)
+    assert events == ["remembered", "answered"]
