@@ -21,7 +21,8 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -119,20 +120,15 @@ class RedisStore:
         )
 
     async def get(self, key: str, ttl_s: float | None = None) -> str | None:
-        if not self.usable():
-            self.fallbacks["get"] += 1
+        # GETEX: the read and the TTL's restart in one round trip (Redis 6.2+).
+        answered, value = await self._call(
+            "get", lambda: self._redis.get(key) if ttl_s is None else self._redis.getex(key, px=_ms(ttl_s))
+        )
+        if not answered:
             return self.local.get_now(key, ttl_s)
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                # GETEX: the read and the TTL's restart in one round trip (Redis 6.2+).
-                value = await (self._redis.get(key) if ttl_s is None else self._redis.getex(key, px=_ms(ttl_s)))
-        except _FAILURES as exc:  # a store never fails a request
-            self._failed("get", exc)
-            return self.local.get_now(key, ttl_s)
-        if isinstance(value, str) and ttl_s is not None:
-            self.local.set_now(key, value, ttl_s)  # what this process would answer with, should Redis go away
-        self._ok()
         if isinstance(value, str):
+            if ttl_s is not None:
+                self.local.set_now(key, value, ttl_s)  # what this process would answer with, should Redis go away
             return value
         kept = self.local.get_now(key)
         if kept is not None:  # Redis lost it (a restart without persistence) while this process kept it
@@ -143,18 +139,9 @@ class RedisStore:
         self.local.set_now(key, value, ttl_s)
         await self._put("set", key, value, ttl_s)
 
-    async def fetch(self, key: str, op: str = "answers_get") -> str | None:
+    async def fetch(self, key: str) -> str | None:
         """Redis's value alone (no in-process copy: the decision cache keeps its own), None when slow or down."""
-        if not self.usable():
-            self.fallbacks[op] += 1
-            return None
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                value = await self._redis.get(key)
-        except _FAILURES as exc:
-            self._failed(op, exc)
-            return None
-        self._ok()
+        _, value = await self._call("answers_get", lambda: self._redis.get(key))
         return value if isinstance(value, str) else None
 
     async def put(self, key: str, value: str, ttl_s: float) -> None:
@@ -162,16 +149,22 @@ class RedisStore:
         await self._put("answers_set", key, value, ttl_s)
 
     async def _put(self, op: str, key: str, value: str, ttl_s: float) -> None:
+        await self._call(op, lambda: self._redis.set(key, value, px=_ms(ttl_s)))
+
+    async def _call(self, op: str, call: Callable[[], Awaitable[Any]]) -> tuple[bool, Any]:
+        """(True, Redis's answer to `call()`), or (False, None) when Redis is left alone after a failure or fails now
+        or within `timeout_s`: counted and logged, never raised (a store never fails a request)."""
         if not self.usable():
             self.fallbacks[op] += 1
-            return
+            return False, None
         try:
             async with asyncio.timeout(self.timeout_s):
-                await self._redis.set(key, value, px=_ms(ttl_s))
+                answer = await call()
         except _FAILURES as exc:
             self._failed(op, exc)
-            return
+            return False, None
         self._ok()
+        return True, answer
 
     def usable(self) -> bool:
         """Whether Redis is tried now: not within `RETRY_S` of its last failure."""
