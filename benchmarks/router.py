@@ -406,19 +406,11 @@ def streaming(upstream: str, requests: int, rounds: int, peers: _peers.Peers | N
     """TTFB and inter-chunk gaps at concurrency 1, in turns: directly, through d3router (cache hit), through the bare
     Starlette pass-through on the same transport and, with `peers`, through nginx and LiteLLM proxy; each one's
     first byte also as added over the direct one's."""
+    calls: dict[str, Any] = {"engine_calls": {}}  # what the proxies print as they stop: not reported here
     with ExitStack() as stack:
-        hops = [
-            ("d3router", ["router", "--sessions", "off"]),
-            ("pass-through", ["passthrough", "--transport", "aiohttp"]),
-        ]
         targets = [Target("direct", f"{upstream}/chat/completions", stream=True)]
-        for name, spec in hops:
-            port = free_port()
-            url = f"http://127.0.0.1:{port}/v1/chat/completions"
-            argv = [*_pin(1), PY, "-m", "benchmarks._proxy", spec[0], str(port), upstream, *spec[1:]]
-            proc = stack.enter_context(process(argv, url))
-            load(url, 1, 5, stream=True)
-            targets.append(Target(name, url, (lambda pid: lambda: [pid])(proc.pid), stream=True))
+        for name, spec in (("d3router", ["router"]), ("pass-through", ["passthrough", "--transport", "aiohttp"])):
+            targets.append(proxy(stack, name, spec, upstream, calls, stream=True))
         if peers is not None:
             targets += [replace(target, name=target.name.removeprefix("stream, "))
                         for target in peer_targets(stack, peers, upstream, stream=True)]  # fmt: skip
