@@ -1,9 +1,12 @@
-"""Real peers shared by the tests that start `d3router serve` as a process: a recording upstream, and the wait for
-the router to serve."""
+"""Real peers shared by the tests that start `d3router serve` as a process: a recording upstream, the wait for the
+router to serve, and starting and stopping a Python process of the tests' own."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
+import pytest
 
 
 class _Recording(BaseHTTPRequestHandler):
@@ -53,3 +57,36 @@ def wait_serving(url: str, process: subprocess.Popen[bytes], wait_s: float = 30.
         except httpx.HTTPError:
             time.sleep(0.1)
     return False
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            httpx.post(url, content=b"{}", timeout=1)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail(f"{process.args} did not start: {process.communicate()[0]!r}")
+            time.sleep(0.1)
+
+
+def start(argv: list[str], ready: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env={**os.environ, **(env or {})})  # fmt: skip
+    wait_ready(ready, process)
+    return process
+
+
+def stop(process: subprocess.Popen[bytes]) -> int:
+    """SIGINT, then the exit code (its output is printed, for a failing test's report)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    try:
+        output = process.communicate(timeout=30)[0]
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output = process.communicate()[0]
+    print(output.decode(errors="replace"))
+    return process.returncode

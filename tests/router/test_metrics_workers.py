@@ -4,10 +4,8 @@ traffic, whichever worker answers it, and the multi-process directory is gone af
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,42 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._proxy import POLICY
 from d3backend import free_port
+from tests.router._peers import start, stop
 
 REQUESTS = 30
 SCRAPES = 6
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.post(url, content=b"{}", timeout=1)
-            return
-        except httpx.HTTPError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                pytest.fail(f"{process.args} did not start: {process.communicate()[0]!r}")
-            time.sleep(0.1)
-
-
-def start(argv: list[str], ready: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env={**os.environ, **(env or {})})  # fmt: skip
-    wait_ready(ready, process)
-    return process
-
-
-def stop(process: subprocess.Popen[bytes]) -> int:
-    """SIGINT, then the exit code (its output is printed, for a failing test's report)."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-    try:
-        output = process.communicate(timeout=30)[0]
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output = process.communicate()[0]
-    print(output.decode(errors="replace"))
-    return process.returncode
 
 
 @pytest.fixture(scope="module")

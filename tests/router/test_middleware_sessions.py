@@ -21,6 +21,7 @@ from d3backend import FakeEngine
 from policies import Route as RouteAction
 from policies import parse_config
 from router import D3RouterMiddleware
+from tests.router._asgi import post_noting_the_end
 from tests.router._redis import RedisServer
 from tests.router.test_sessions_redis import chat
 
@@ -176,20 +177,5 @@ async def test_a_responses_answers_id_is_stored_before_the_client_has_the_answer
 
         monkeypatch.setattr(store, "set", recorded)
         body = json.dumps({"model": "auto", "input": "a HARD one", "user": "u-1"}).encode()
-        scope = {"type": "http", "method": "POST", "path": "/v1/responses", "raw_path": b"/v1/responses",
-                 "query_string": b"", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
-                 "scheme": "http", "server": ("app", 80), "client": ("127.0.0.1", 1), "app": app}  # fmt: skip
-        requests = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def receive() -> dict[str, Any]:
-            if requests:
-                return requests.pop()
-            await asyncio.Event().wait()
-            raise AssertionError("unreachable")
-
-        async def send(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                events.append("answered")
-
-        await app(scope, receive, send)
+        await post_noting_the_end(app, "/v1/responses", body, events)
     assert events == ["remembered", "answered"]

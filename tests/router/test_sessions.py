@@ -18,6 +18,7 @@ from d3backend import FakeEngine
 from policies import ConfigError, parse_config
 from router import ProxyApp, create_app
 from router._store import MemoryStore
+from tests.router._asgi import post_noting_the_end
 
 pytestmark = pytest.mark.anyio
 
@@ -309,7 +310,6 @@ async def test_memory_store_forgets_after_its_ttl_and_keeps_a_bound() -> None:
     await store.set("a", "small", ttl_s=0.01)
     await store.set("b", "large", ttl_s=60)
     assert await store.get("b") == "large"
-    import asyncio
 
     await asyncio.sleep(0.1)  # 10x the TTL
     assert await store.get("a") is None
@@ -367,22 +367,7 @@ async def test_a_responses_answers_id_is_stored_before_the_client_has_the_answer
     events: list[str] = []
     app.sessions.store = RecordingStore(events)
     body = json.dumps({"model": "auto", "input": "a HARD one", "user": "u-1"}).encode()
-    scope = {"type": "http", "method": "POST", "path": "/v1/responses", "raw_path": b"/v1/responses",
-             "query_string": b"", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
-             "scheme": "http", "server": ("router", 80), "client": ("127.0.0.1", 1)}  # fmt: skip
-    requests = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict[str, Any]:
-        if requests:
-            return requests.pop()
-        await asyncio.Event().wait()  # the client stays until the answer is done
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            events.append("answered")
-
-    await app(scope, receive, send)
+    await post_noting_the_end(app, "/v1/responses", body, events)
     assert events == ["remembered", "answered"]
 
 

@@ -8,10 +8,7 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -26,6 +23,7 @@ from d3backend import FakeEngine, free_port
 from policies import parse_config
 from router import ProxyApp, create_app
 from router._store import RedisStore
+from tests.router._peers import start, stop
 from tests.router._redis import RedisServer  # the redis_server fixture is in tests/router/conftest.py
 
 pytestmark = pytest.mark.anyio
@@ -248,43 +246,17 @@ policies:
 """
 
 
-def _start(argv: list[str], ready: str) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env={**os.environ, **ENV})  # fmt: skip
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            httpx.get(ready, timeout=1)
-            return process
-        except httpx.HTTPError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                pytest.fail(f"{process.args} did not start: {process.communicate()[0]!r}")
-            time.sleep(0.1)
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-    try:
-        output = process.communicate(timeout=30)[0]
-    except subprocess.TimeoutExpired:
-        process.kill()
-        output = process.communicate()[0]
-    print(output.decode(errors="replace"))
-
-
 def test_two_serve_processes_share_one_redis(tmp_path: Path, redis_server: RedisServer) -> None:
     peer_port, ports = free_port(), [free_port(), free_port()]
     (tmp_path / "peer.py").write_text(PEER, encoding="utf-8")
     config = tmp_path / "router.yaml"
     config.write_text(SERVE.format(redis=redis_server.url, peer=peer_port), encoding="utf-8")
-    processes = [_start([str(tmp_path / "peer.py"), str(peer_port)], f"http://127.0.0.1:{peer_port}/v1/models")]
+    processes = [start([str(tmp_path / "peer.py"), str(peer_port)], f"http://127.0.0.1:{peer_port}/v1/models", ENV)]
     restarted: RedisServer | None = None
     try:
         for port in ports:
             argv = ["-m", "router", "serve", str(config), "--port", str(port), "--log-level", "warning"]
-            processes.append(_start(argv, f"http://127.0.0.1:{port}/healthz"))
+            processes.append(start(argv, f"http://127.0.0.1:{port}/healthz", ENV))
         urls = [f"http://127.0.0.1:{port}/v1/chat/completions" for port in ports]
         with httpx.Client(timeout=10) as http:
 
@@ -318,7 +290,7 @@ def test_two_serve_processes_share_one_redis(tmp_path: Path, redis_server: Redis
         if restarted is not None:
             restarted.stop()
         for process in processes:
-            _stop(process)
+            stop(process)
 
 
 def test_redis_server_stops_by_its_pid() -> None:
@@ -339,11 +311,11 @@ def test_a_responses_chain_crosses_replicas(tmp_path: Path, redis_server: RedisS
     (tmp_path / "peer.py").write_text(PEER, encoding="utf-8")
     config = tmp_path / "router.yaml"
     config.write_text(SERVE.format(redis=redis_server.url, peer=peer_port), encoding="utf-8")
-    processes = [_start([str(tmp_path / "peer.py"), str(peer_port)], f"http://127.0.0.1:{peer_port}/v1/models")]
+    processes = [start([str(tmp_path / "peer.py"), str(peer_port)], f"http://127.0.0.1:{peer_port}/v1/models", ENV)]
     try:
         for port in ports:
             argv = ["-m", "router", "serve", str(config), "--port", str(port), "--log-level", "warning"]
-            processes.append(_start(argv, f"http://127.0.0.1:{port}/healthz"))
+            processes.append(start(argv, f"http://127.0.0.1:{port}/healthz", ENV))
         with httpx.Client(timeout=10) as http:
             previous = None
             for turn in range(6):
@@ -356,4 +328,4 @@ def test_a_responses_chain_crosses_replicas(tmp_path: Path, redis_server: RedisS
                 previous = response.json()["id"]
     finally:
         for process in processes:
-            _stop(process)
+            stop(process)
