@@ -1,4 +1,4 @@
-"""The hand-written metrics the router had before prometheus_client (router/_metrics.py at a1b3b3a), kept only so
+"""The hand-written metrics the router had before prometheus_client (the metrics module at a1b3b3a), kept only so
 that benchmarks/router.py can measure what the move costs; nothing else imports it."""
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ from starlette.routing import Route
 from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, _http, make_client
 from policies import parse_config
 from router import create_app
-from router._http import send_bytes
-from router._serve import run
-from router._serve import serve_app as serve_uvicorn
+from router._asgi.messages import send_bytes
+from router._faces.serve import run
+from router._faces.serve import serve_app as serve_uvicorn
 
 POLICY = """
 upstreams: {{chat: {{url: "{upstream}"}}}}

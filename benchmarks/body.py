@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import timeit
 
-from router._endpoints import parse_json
+from router._apis.body import parse_json
 
 TASK = "Write a function that merges two sorted lists in C, with tests."
 CHAT = {"model": "auto", "max_tokens": 256, "temperature": 0.2,

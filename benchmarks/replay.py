@@ -5,7 +5,7 @@
 Both paths decide the same chat bodies (examples/traffic.jsonl's requests, repeated) under examples/routing.yaml's
 policy, with a `RemoteEngine` talking to `benchmarks/_canned.py` (answers in microseconds) and the decision cache
 off, so that every line costs one engine call on both paths. The router's path is what the app runs per request:
-`RouterService.decide(policy, body)` from N concurrent callers; replay's is `router._replay.replay` with
+`RouterService.decide(policy, body)` from N concurrent callers; replay's is `router._offline.replay.replay` with
 `--concurrency N` (reading, policy lookup, retry check and outcome bookkeeping added). Rounds alternate between
 the two so that machine drift falls on both. Target: replay within 20% of the router's path at each concurrency.
 """
@@ -27,7 +27,7 @@ from benchmarks._report import add_arguments, write
 from d3backend import RemoteEngine, free_port
 from policies import Config, parse_config
 from router import RouterService
-from router._replay import TrafficLine, replay
+from router._offline.replay import TrafficLine, replay
 
 REPO = Path(__file__).resolve().parents[1]
 LEVELS = (1, 8, 64)

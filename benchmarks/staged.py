@@ -39,8 +39,8 @@ from benchmarks._report import add_arguments, write
 from benchmarks.router import _tree, cpu_seconds, process
 from d3backend import DecisionEngine, FakeEngine, JSONValue, Question, RemoteEngine, VllmServer, free_port, make_model
 from policies import Config, load_config
-from router._replay import TrafficLine, read_traffic
-from router._service import RouterService
+from router._decision.service import RouterService
+from router._offline.replay import TrafficLine, read_traffic
 
 ROOT = Path(__file__).parents[1]
 MODES = ("together", "staged")

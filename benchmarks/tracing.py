@@ -76,7 +76,7 @@ def _proxy(mode: str, upstream: str, spans: dict[str, Any]) -> Iterator[Target]:
 def hooks_off_ns(number: int = 200_000) -> float:
     """The hooks one decided request runs, with tracing off: the request, state, engine, rules and upstream
     spans, their attributes and the upstream headers."""
-    from router import _tracing
+    from router._observe import tracing as _tracing
 
     scope = {"method": "POST", "path": "/v1/chat/completions", "headers": []}
     headers: list[tuple[bytes, bytes]] = []
@@ -105,7 +105,7 @@ def proxy_main(argv: Sequence[str]) -> None:
     parser.add_argument("upstream")
     parser.add_argument("--tracing", choices=["off", "on"], default="off")
     args = parser.parse_args(argv)
-    from router._serve import run
+    from router._faces.serve import run
 
     run(_serve(args.port, args.upstream, args.tracing == "on"))
 
@@ -114,7 +114,7 @@ async def _serve(port: int, upstream: str, tracing: bool) -> None:
     from benchmarks._proxy import POLICY, engine_for
     from policies import parse_config
     from router import create_app, disable_tracing, enable_tracing
-    from router._serve import serve_app
+    from router._faces.serve import serve_app
 
     provider, exporter = None, None
     if tracing:

@@ -17,7 +17,7 @@ the running loop at the first ejection, ends when no URL is ejected, and `aclose
 user name or password.
 
 `ENGINE_HEADERS`, a context variable, adds headers to the engine requests made in its context: the router puts the
-W3C `traceparent` of its engine span there (router/_tracing.py), so d3backend needs no tracing library.
+W3C `traceparent` of its engine span there (router/_observe/tracing.py), so d3backend needs no tracing library.
 """
 
 from __future__ import annotations

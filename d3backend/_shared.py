@@ -1,7 +1,7 @@
 """A second-level decision cache shared by processes: the protocol `CachedEngine` talks to, and the answers'
 text form.
 
-    engine = CachedEngine(inner, shared=redis_answers)   # d3router's Redis (router/_store.py) implements it
+    engine = CachedEngine(inner, shared=redis_answers)   # d3router's Redis (router/_sessions/store.py) implements it
 
 A shared cache maps a decision's content digest (hex) to its answers as compact JSON; it holds no request text.
 An entry that does not read back as answers to the questions asked is a miss, never an error: another process,

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 
 from d3backend import VllmServer, make_model  # noqa: E402
 from policies import ConfigError, load_config  # noqa: E402
-from router._serve import run, serve  # noqa: E402
+from router._faces.serve import run, serve  # noqa: E402
 
 WORK = REPO / ".d3router"
 

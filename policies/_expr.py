@@ -309,7 +309,8 @@ class _Compiler:
         if pick.choice is None:
             return
         question = self.questions[pick.choice]
-        assert isinstance(question, Choice)  # `choice` is only set for choices
+        if not isinstance(question, Choice):  # `choice` is only set for choices
+            return
         if option not in question.options:
             raise self.error(_unknown("option", option, f" of choice {pick.choice!r}", question.options), pos)
 
@@ -404,7 +405,8 @@ class _Compiler:
             if option == "yes":
                 return _Typed("number", lambda a: a[name].noul, start, what=what, text=text)
             return _Typed("number", lambda a: 1.0 - a[name].noul, start, what=what, text=text)
-        assert isinstance(question, Score)  # the union has three members
+        if not isinstance(question, Score):  # the union has three members
+            raise self.error(f"{name!r} is not a question with options", pos)
         if option not in question.levels:
             raise self.error(_unknown("level", option, f" of score {name!r}", question.levels), pos)
         index = question.levels.index(option)

@@ -122,7 +122,8 @@ class Policy:
     def evaluate(self, answers: Mapping[str, Answer]) -> Decision:
         """Walk the rules over `answers`; raise `EvaluationError` if a condition reads a missing answer."""
         decision = self._walk(answers, partial=False)
-        assert decision is not None  # a full walk ends or raises
+        if decision is None:  # a full walk ends or raises
+            raise EvaluationError(f"policy {self.name!r} has no default route")
         return decision
 
     def walk(self, answers: Mapping[str, Answer]) -> Decision | None:
@@ -169,7 +170,8 @@ class Policy:
     def engine_failed(self) -> Decision:
         """The decision when the engine could not answer: `on_engine_error`, marked degraded."""
         rule = self.on_engine_error
-        assert rule.action is not None  # the loader always gives it one
+        if rule.action is None:  # the loader always gives it one
+            raise EvaluationError(f"policy {self.name!r} has no on_engine_error action")
         return Decision(
             self.name,
             rule.name,

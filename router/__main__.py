@@ -1,5 +1,5 @@
 import sys
 
-from router._cli import main
+from router._cli.main import main
 
 sys.exit(main())

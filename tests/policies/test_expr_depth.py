@@ -14,7 +14,7 @@ import pytest
 from d3backend import Noul, NoulAnswer, Question
 from policies import ConfigError, ExpressionError, compile_condition, load_config
 from policies._expr import MAX_EXPRESSION_DEPTH
-from router._cli import main
+from router._cli.main import main
 
 QUESTIONS: dict[str, Question] = {"jailbreak": Noul(None)}
 YES = {"jailbreak": NoulAnswer(0.95, 0.95)}

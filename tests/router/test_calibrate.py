@@ -13,9 +13,9 @@ import pytest
 
 from d3backend import FakeEngine
 from policies import load_config
-from router import _replaycmd
-from router._calibrate import CalibrationError, curve, find_threshold, pick, write_threshold
-from router._cli import main
+from router._cli.main import main
+from router._offline import commands as _replaycmd
+from router._offline.calibrate import CalibrationError, curve, find_threshold, pick, write_threshold
 from tests.router.test_replay import CONFIG, answers_from_text, files, run
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from router._cli import config_schema, main
+from router._cli.main import config_schema, main
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

@@ -12,7 +12,7 @@ import pytest
 
 from policies import load_config
 from router import create_app
-from router._serve import _watch
+from router._faces.serve import _watch
 
 CONFIG = """upstreams: {{small: {{url: "http://127.0.0.1:9/v1"}}}}
 policies:

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from d3backend import Noul, RemoteEngine, free_port
 from policies import parse_config
 from router import create_app
-from router._cli import main
-from router._metrics import Metrics
+from router._cli.main import main
+from router._observe.metrics import Metrics
 from tests.router.test_faults import Upstream
 from tests.router.test_sockets import Served
 

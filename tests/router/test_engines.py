@@ -11,7 +11,7 @@ import httpx
 import pytest
 import respx
 
-import router._engines
+import router._decision.engines
 from d3backend import CachedEngine, EmbeddedEngine, FakeEngine, RemoteEngine
 from policies import EngineSettings, parse_config
 from router import build_engine, create_app
@@ -114,7 +114,7 @@ class CountingRemote(FakeEngine):
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[CountingRemote]]:
     CountingRemote.built = []
-    monkeypatch.setattr(router._engines, "RemoteEngine", CountingRemote)
+    monkeypatch.setattr(router._decision.engines, "RemoteEngine", CountingRemote)
     yield CountingRemote.built
 
 

@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from d3backend import free_port
 from policies import parse_config
 from router import create_app
-from router._http import read_body
+from router._asgi.messages import read_body
 from tests.router.test_sockets import Served
 
 ANSWER = {"answers": {"j": {"type": "noul", "noul": 0.1, "probabilities": {"yes": 0.1, "no": 0.9}, "confidence": 0.9}}}

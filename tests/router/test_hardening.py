@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 from d3backend import Decided, FakeEngine, free_port
 from policies import load_config, parse_config
 from router import create_app
-from router._http import read_body
+from router._asgi.messages import read_body
 from tests.router._peers import wait_serving
 from tests.router.test_sockets import Served
 

@@ -13,7 +13,7 @@ from starlette.types import Message, Receive, Scope, Send
 from d3backend import FakeEngine
 from policies import parse_config
 from router import D3RouterMiddleware, create_app
-from router._http import ClientDisconnected, cancel_on_disconnect, read_body
+from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, read_body
 
 CONFIG = """
 upstreams: {chat: {url: "http://upstream.test/v1"}}

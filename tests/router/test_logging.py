@@ -22,7 +22,8 @@ import respx
 
 from d3backend import FakeEngine, free_port
 from policies import parse_config
-from router import _logging, create_app
+from router import create_app
+from router._observe import logs as _logging
 from tests.router._peers import recording_upstream, wait_serving
 
 PROMPT = "SECRET-PROMPT-5c1d"

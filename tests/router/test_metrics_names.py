@@ -1,11 +1,11 @@
 """The exposition dashboards read: metric names, types, help texts, label names and histogram buckets, pinned to
-what the router showed before it moved to prometheus_client (the hand-written router/_metrics.py)."""
+what the router showed before it moved to prometheus_client (the hand-written router/_observe/metrics.py)."""
 
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from router._metrics import Metrics
+from router._observe.metrics import Metrics
 
 BUCKETS = ["0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "+Inf"]
 
@@ -22,7 +22,7 @@ FAMILIES = [
 
 
 def filled() -> Metrics:
-    """Every family with one series at least, through the call sites router/_app.py and _service.py use."""
+    """Every family with one series at least, through the call sites router/_faces/proxy.py and _service.py use."""
     metrics = Metrics()
     metrics.request("auto", "code", "route", 200)
     metrics.request("auto", "code", "route", 200)

@@ -97,7 +97,7 @@ def test_every_scrape_shows_the_totals(workers: int, backends: tuple[str, str], 
 
 def test_a_dead_worker_s_live_gauges_are_dropped(tmp_path: Path) -> None:
     """A worker killed without its exit hook: its cache gauge leaves the sum at the next scrape."""
-    from router._metrics import _forget_dead_workers
+    from router._observe.metrics import _forget_dead_workers
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()

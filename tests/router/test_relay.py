@@ -10,7 +10,7 @@ import httpx
 import pytest
 from starlette.types import Message
 
-from router._http import BUFFER_LIMIT, relay
+from router._asgi.relay import BUFFER_LIMIT, relay
 
 pytestmark = pytest.mark.anyio
 

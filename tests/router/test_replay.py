@@ -14,10 +14,10 @@ import pytest
 
 from d3backend import EngineUnavailable, FakeEngine, JSONValue, Question
 from policies import Config, load_config
-from router import _replaycmd
-from router._cli import main
-from router._replay import Outcome, read_traffic, replay
-from router._report import markdown, summarize
+from router._cli.main import main
+from router._offline import commands as _replaycmd
+from router._offline.replay import Outcome, read_traffic, replay
+from router._offline.report import markdown, summarize
 
 CONFIG = """upstreams:
   small: {url: http://127.0.0.1:8001/v1}

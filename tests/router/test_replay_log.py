@@ -13,8 +13,8 @@ import pytest
 from d3backend import FakeEngine, VllmServer
 from policies import load_config
 from router import RouterService
-from router._cli import main
-from router._replay import read_traffic, replay
+from router._cli.main import main
+from router._offline.replay import read_traffic, replay
 from tests.router.test_replay import CONFIG, answers_from_text, body
 
 REPO = Path(__file__).resolve().parents[2]

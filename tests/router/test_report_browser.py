@@ -18,10 +18,10 @@ import pytest
 
 from d3backend import FakeEngine
 from policies import load_config
-from router._calibrate import curve, find_threshold, pick
-from router._replay import read_traffic, replay
-from router._report import fmt, summarize
-from router._report_html import html_page
+from router._offline.calibrate import curve, find_threshold, pick
+from router._offline.replay import read_traffic, replay
+from router._offline.report import fmt, summarize
+from router._offline.report_html import html_page
 from tests.router.test_replay import CONFIG, answers_from_text, files
 
 CHROMIUM = "/usr/bin/chromium"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from d3backend import free_port
-from router._cli import main
+from router._cli.main import main
 
 CONFIG = """
 upstreams: {{small: {{url: "http://127.0.0.1:9/v1"}}}}

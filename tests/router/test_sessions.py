@@ -17,7 +17,7 @@ import respx
 from d3backend import FakeEngine
 from policies import ConfigError, parse_config
 from router import ProxyApp, create_app
-from router._store import MemoryStore
+from router._sessions.store import MemoryStore
 from tests.router._asgi import post_noting_the_end
 
 pytestmark = pytest.mark.anyio
@@ -334,9 +334,9 @@ def test_escalate_without_tiers_warns_and_a_bad_redis_url_is_refused() -> None:
 
 
 def test_the_salt_comes_from_its_environment_variable(caplog: pytest.LogCaptureFixture) -> None:
-    from router._sessions import session_salt
+    from router._sessions.session import session_salt
 
-    caplog.set_level(logging.WARNING, logger="router._sessions")
+    caplog.set_level(logging.WARNING, logger="router._sessions.session")
 
     def server(text: str) -> Any:
         return parse_config(f"server: {text}\nupstreams: {{a: {{url: http://a/v1}}}}\n").server

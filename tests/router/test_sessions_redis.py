@@ -22,7 +22,7 @@ import respx
 from d3backend import FakeEngine, free_port
 from policies import parse_config
 from router import ProxyApp, create_app
-from router._store import RedisStore
+from router._sessions.store import RedisStore
 from tests.router._peers import start, stop
 from tests.router._redis import RedisServer  # the redis_server fixture is in tests/router/conftest.py
 
@@ -106,7 +106,7 @@ async def test_replicas_share_sessions_through_redis(pair: list[httpx.AsyncClien
 async def test_redis_killed_and_restarted_no_request_fails(
     pair: list[httpx.AsyncClient], redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="router._store")
+    caplog.set_level(logging.WARNING, logger="router._sessions.store")
     history = ["HARD first"]
     assert seen(await pair[0].post("/v1/chat/completions", json=chat(history))) == (200, "large", "new")
     redis_server.stop()

@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from d3backend import CachedEngine, FakeEngine
 from policies import parse_config
 from router import ProxyApp, create_app
-from router._metrics import Metrics
-from router._store import RedisStore, SharedAnswers
+from router._observe.metrics import Metrics
+from router._sessions.store import RedisStore, SharedAnswers
 from tests.router._redis import RedisServer
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from d3backend import free_port
-from router._http import read_body
+from router._asgi.messages import read_body
 from tests.router.test_sockets import Served
 
 CONFIG = """

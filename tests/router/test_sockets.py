@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from d3backend import FakeEngine, free_port
 from policies import parse_config
 from router import create_app
-from router._http import read_body
+from router._asgi.messages import read_body
 
 CHUNKS = 5
 WAIT_S = 10.0  # how long anything here waits for an event that takes milliseconds: a loaded machine is no failure

@@ -17,8 +17,9 @@ import respx
 from d3backend import CachedEngine, EngineUnavailable, FakeEngine, JSONValue, Question
 from policies import Config, load_config, parse_config
 from router import create_app
-from router._replay import read_traffic
-from router._service import D3Decision, RouterService
+from router._decision.record import D3Decision
+from router._decision.service import RouterService
+from router._offline.replay import read_traffic
 
 pytestmark = pytest.mark.anyio
 

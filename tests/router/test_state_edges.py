@@ -10,10 +10,12 @@ import pytest
 
 from policies import StateSettings
 from router import BadChatRequest, DecisionState, MediaRules, extract_state
-from router._anthropic import MESSAGES
-from router._apis import CHAT, COMPLETIONS, RESPONSES, Api, _on_fresh_stack
-from router._endpoints import detect
-from router._state import BadRequest
+from router._apis.chat import CHAT, Api, _on_fresh_stack
+from router._apis.completions import COMPLETIONS
+from router._apis.messages import MESSAGES
+from router._apis.registry import detect
+from router._apis.responses import RESPONSES
+from router._errors import BadRequest
 
 PNG = "data:image/png;base64,iVBORw0KGgo="
 MP4 = "data:video/mp4;base64,AAAAIGZ0eXA="
@@ -112,7 +114,7 @@ def test_bad_messages_name_what_was_found(messages: Any, found: str) -> None:
 
 
 # --- The API adapters at their edges: the field each refusal names, the words it says, the key headers, tool calls
-# as the decision reads them (mutants of router/_apis.py, router/_anthropic.py, router/_endpoints.py).
+# as the decision reads them (mutants of the adapters in router/_apis/).
 
 LAST = StateSettings("last_user", 6000)
 CONVERSATION = StateSettings("conversation", 6000)
@@ -384,7 +386,7 @@ def test_rewrite_replaces_a_nested_parameters_holder_that_is_not_an_object() -> 
 def test_a_body_the_stack_in_use_cannot_encode_is_encoded_on_a_fresh_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    import router._apis
+    import router._apis.chat
     from d3backend import json_bytes
 
     threads: list[str] = []
@@ -395,7 +397,7 @@ def test_a_body_the_stack_in_use_cannot_encode_is_encoded_on_a_fresh_thread(monk
             raise RecursionError
         return json_bytes(body)
 
-    monkeypatch.setattr(router._apis, "json_bytes", on_a_short_stack)
+    monkeypatch.setattr(router._apis.chat, "json_bytes", on_a_short_stack)
     assert CHAT.rewrite(b"", {"model": "m", "messages": []}, "big", {}) == b'{"model":"big","messages":[]}'
     assert threads == ["MainThread", "d3-rewrite"]
 
@@ -433,13 +435,13 @@ def test_tool_call_arguments_too_deep_to_read_name_their_field(field: str, param
 
 
 def test_build_state_of_no_turns_is_empty_and_counts_nothing_ignored() -> None:
-    from router._state import build_state
+    from router._apis.state import build_state
 
     assert build_state([], StateSettings("last_user", 100)) == DecisionState("")
 
 
 def test_the_media_limit_is_inclusive_and_its_refusal_names_the_setting() -> None:
-    from router._state import Turn, build_state
+    from router._apis.state import Turn, build_state
 
     png = "data:image/png;base64,iVBORw0KGgo="
     three = [Turn("user", "see", (("image", png),) * 3)]
@@ -460,7 +462,7 @@ def test_an_input_image_url_that_is_not_a_string_names_its_field() -> None:
 
 
 def test_a_duplicate_key_is_named_not_the_first_key_of_its_object() -> None:
-    from router._endpoints import parse_json
+    from router._apis.body import parse_json
 
     with pytest.raises(BadRequest) as caught:
         parse_json(b'{"a": 1, "b": 2, "b": 3}')
@@ -476,7 +478,7 @@ def test_a_duplicate_key_is_named_not_the_first_key_of_its_object() -> None:
     ],
 )
 def test_a_body_that_is_not_a_json_object_says_why(raw: bytes, message: str) -> None:
-    from router._endpoints import parse_json
+    from router._apis.body import parse_json
 
     with pytest.raises(BadRequest) as caught:
         parse_json(raw)
@@ -486,7 +488,7 @@ def test_a_body_that_is_not_a_json_object_says_why(raw: bytes, message: str) -> 
 def test_a_request_without_a_content_type_is_read_as_json() -> None:
     import anyio
 
-    from router._endpoints import read_request
+    from router._apis.body import read_request
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b'{"model": "m"}', "more_body": False}

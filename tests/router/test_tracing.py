@@ -23,7 +23,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from d3backend import CachedEngine, RemoteEngine, free_port
 from policies import parse_config
-from router import _tracing, create_app, disable_tracing, enable_tracing
+from router import create_app, disable_tracing, enable_tracing
+from router._observe import tracing as _tracing
 from tests.router._peers import recording_upstream, wait_serving
 
 pytestmark = pytest.mark.anyio

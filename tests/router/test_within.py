@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router._http import within
+from router._decision.deadline import within
 
 pytestmark = pytest.mark.anyio
 

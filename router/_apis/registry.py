@@ -1,0 +1,35 @@
+"""The decided endpoints: the adapters by path and by name, and telling a body's API for dry runs.
+
+api = API_BY_PATH.get(scope["path"])                  # None: not a decided endpoint
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from router._apis.chat import CHAT, Api
+from router._apis.completions import COMPLETIONS
+from router._apis.messages import MESSAGES
+from router._apis.responses import RESPONSES
+from router._errors import BadRequest
+
+APIS: tuple[Api, ...] = (CHAT, COMPLETIONS, RESPONSES, MESSAGES)
+API_BY_PATH: dict[str, Api] = {api.path: api for api in APIS}
+API_BY_NAME: dict[str, Api] = {api.name: api for api in APIS}
+
+
+def detect(body: dict[str, Any], name: str | None = None) -> Api:
+    """The API a body is written for (explain's dry runs): `name` when given, else by its fields: `input` is the
+    Responses API, `prompt` Completions, a top-level `system` Anthropic Messages, anything else chat."""
+    if name is not None:
+        api = API_BY_NAME.get(name)
+        if api is None:
+            raise BadRequest(f"unknown api {name!r}; expected one of {', '.join(API_BY_NAME)}", "api")
+        return api
+    if "input" in body:
+        return RESPONSES
+    if "prompt" in body:
+        return COMPLETIONS
+    if "system" in body:
+        return MESSAGES
+    return CHAT

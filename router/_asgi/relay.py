@@ -1,0 +1,80 @@
+"""Relaying an upstream's response to the client: an event stream unbuffered, any other body read whole first
+(up to `BUFFER_LIMIT`) so an upstream that breaks off can still be answered for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterable, Awaitable, Callable
+from typing import cast
+
+import httpx
+from starlette.types import Send
+
+from router._asgi.headers import HOP_BY_HOP_RAW, Headers
+
+logger = logging.getLogger(__name__)
+
+BUFFER_LIMIT = 1024 * 1024
+
+
+async def relay(
+    response: httpx.Response,
+    send: Send,
+    extra: Headers,
+    upstream: str = "upstream",
+    on_whole: Callable[[bytes], Awaitable[None]] | None = None,
+) -> bool:
+    """Send `response` to the client: status, headers (hop-by-hop removed), raw bytes. An event stream goes on as it
+    arrives, unbuffered. Any other body is read whole first (up to `BUFFER_LIMIT`, then streamed), so an upstream
+    that breaks off mid-way raises `UpstreamBroke` while nothing has reached the client, and the caller can try
+    another upstream or answer 502. Once started, a break logs one warning, leaves the response incomplete (the
+    server closes the connection: the client sees the cut) and returns False. The upstream response is closed.
+    A body read whole is given to `on_whole` before the client has it (the session of a Responses answer's id: stored
+    before the client can send its next turn, perhaps to another replica)."""
+    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
+    start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
+    # The transport's own stream, not `aiter_raw()`: the bytes are the same, without httpx's generator, chunker and
+    # error context around each chunk. The upstream response is closed as soon as its body is read, before the
+    # client's answer ends, as `aiter_raw()` did: once it ends, the disconnect watcher (`cancel_on_disconnect`) may
+    # cancel this task, and a close that waits (httpx's own pool) would be cut short and leak its connection.
+    stream = cast(AsyncIterable[bytes], response.stream).__aiter__()  # one iterator: the loops below go on in it
+    chunks: list[bytes] = []
+    try:
+        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+            size = 0
+            try:
+                async for chunk in stream:
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size > BUFFER_LIMIT:
+                        break
+                else:
+                    await response.aclose()  # before the answer ends (see above)
+                    body = b"".join(chunks)
+                    if on_whole is not None:
+                        await on_whole(body)
+                    await send(start)
+                    await send({"type": "http.response.body", "body": body})
+                    return True
+            except httpx.HTTPError as exc:
+                raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc
+        await send(start)
+        for chunk in chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        try:
+            async for chunk in stream:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            logger.warning("upstream %r broke off its response mid-way (%s); the client's response is cut short",
+                           upstream, type(exc).__name__)  # fmt: skip
+            return False
+        await response.aclose()  # before the answer ends (see above)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
+    finally:
+        await response.aclose()
+
+
+class UpstreamBroke(Exception):
+    """The upstream's body stopped before any of it reached the client; the message says which and how."""

@@ -1,0 +1,254 @@
+"""`RouterService`: one request's decision, from its body to a `D3Decision`, under one configuration
+snapshot; the engine call behind its deadline, the counts, the decision log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from d3backend import (
+    Answer,
+    DecisionEngine,
+    EngineError,
+    Question,
+    json_bytes,
+)
+from policies import Config, Decision, Policy, Route
+from router._apis.chat import CHAT, Api
+from router._apis.state import DecisionState, MediaRules
+from router._decision.deadline import within
+from router._decision.pick import policy_for
+from router._decision.record import D3Decision, _answer_json, agrees, decision_json
+from router._decision.shadow import Shadows
+from router._errors import ModelNotFound
+from router._observe import tracing
+from router._observe.metrics import Counts, Metrics
+
+logger = logging.getLogger(__name__)
+
+After = Callable[[D3Decision], Awaitable[D3Decision]]  # changes a decision before it is logged (sessions)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One configuration and what is derived from it: a request reads it once and is served under it whole, even
+    when a reload swaps in another meanwhile."""
+
+    config: Config
+    media: MediaRules
+    lenient: bool  # server.unknown_parts == "ignore"
+
+
+class RouterService:
+    """Holds the current configuration (swapped whole on reload), the engine and the metrics."""
+
+    def __init__(
+        self,
+        config: Config,
+        engine: DecisionEngine | None,
+        *,
+        metrics: Metrics | None = None,
+        decision_log: TextIO | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.metrics = metrics or Metrics()
+        self.decision_log = decision_log
+        # The engine's work: what `ask: staged` saves shows here (calls through the cache, hits included).
+        self.engine_calls: Counts[str] = self.metrics.counter(
+            "d3router_engine_calls", "Decision engine calls (through the cache, hits included), by policy.", ("policy",)
+        )
+        self.questions_asked: Counts[str] = self.metrics.counter(
+            "d3router_questions_asked", "Questions asked of the decision engine, by policy.", ("policy",)
+        )
+        self.shadows = Shadows(self.metrics)
+        self.questions_skipped: Counts[str] = self.metrics.counter(
+            "d3router_questions_skipped",
+            "Questions not asked because the walk ended without them (ask: staged), by policy.",
+            ("policy",),
+        )
+
+    @property
+    def config(self) -> Config:
+        return self.snapshot.config
+
+    @config.setter
+    def config(self, config: Config) -> None:
+        # What is derived from the configuration is derived once, not on every request.
+        server = config.server
+        hosts = frozenset(host.lower() for host in server.media_hosts)
+        media = MediaRules(hosts, server.max_media_bytes, server.max_media_items)
+        self.snapshot = Snapshot(config, media, server.unknown_parts == "ignore")
+
+    @property
+    def media(self) -> MediaRules:
+        return self.snapshot.media
+
+    def swap(self, config: Config) -> None:
+        """Use `config` from the next request on (the reload path); it must not need an engine we lack."""
+        if self.engine is None and any(policy.questions for policy in config.policies.values()):
+            raise RuntimeError("the new configuration asks questions, but no engine is running; restart the router")
+        self.config = config
+
+    async def decide(
+        self, policy: Policy, body: Mapping[str, Any], request_id: str = "", *, api: Api = CHAT,
+        snapshot: Snapshot | None = None, after: After | None = None,
+    ) -> D3Decision:  # fmt: skip
+        """Decide for a parsed request body of `api` (chat by default) under `snapshot` (the current one by
+        default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error.
+        `after` may change the decision before it is logged (the session's route, router/_sessions/session.py)."""
+        snapshot = snapshot or self.snapshot
+        with tracing.span("d3.state"):  # tracing (issue 14.4): the hooks are `with` blocks, no-ops when it is off
+            state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
+        timeout_s = snapshot.config.server.decision_timeout_s
+        start = time.perf_counter()
+        answers: Mapping[str, Answer] = {}
+        cached = False
+        error: str | None = None
+        skipped: tuple[str, ...] = ()
+        calls = [0]  # the engine calls made, failed ones included
+        if not policy.questions:
+            with tracing.span("d3.rules") as rules:
+                decision = policy.evaluate({})
+                rules.set_attribute("d3.rule", decision.rule)
+        elif self.engine is None:
+            error = "no engine is configured"
+            decision = policy.engine_failed()
+        else:
+            try:
+                with tracing.engine_span() as engine_span:  # its traceparent goes to the engine
+                    # No task, unlike wait_for; one budget for every stage; no timer for a cache hit (`within`).
+                    walked, answers, cached = await within(timeout_s, self._ask(self.engine, policy, state, calls))
+                    engine_span.set_attribute("d3.cache", "hit" if cached else "miss")
+            except EngineError as exc:
+                error = str(exc)
+                self.metrics.engine_errors[type(exc).__name__] += 1
+                decision = policy.engine_failed()
+            except TimeoutError:
+                error = f"no decision within server.decision_timeout_s ({timeout_s:g} s)"
+                self.metrics.engine_errors["DecisionTimeout"] += 1
+                decision = policy.engine_failed()
+            else:
+                if len(answers) < len(policy.questions):
+                    skipped = tuple(qid for qid in policy.questions if qid not in answers)
+                    self.questions_skipped[policy.name] += len(skipped)
+                with tracing.span("d3.rules") as rules:  # `staged` walked between its calls already
+                    decision = walked if walked is not None else policy.evaluate(answers)
+                    rules.set_attribute("d3.rule", decision.rule)
+        elapsed_ms = (time.perf_counter() - start) * 1000.0
+        self.metrics.decision_seconds[policy.name].observe(elapsed_ms / 1000.0)
+        if error is not None:
+            logger.warning("policy %r: the engine failed (%s); %s decides", policy.name, error, decision.rule)
+        d3 = D3Decision(policy.name, decision, answers, state, elapsed_ms, cached, error, skipped, calls[0])
+        if policy.shadow is not None and error is None:
+            shadow = self.shadows.consider(d3, snapshot.config, self.engine, request_id, self._write)
+            if shadow is not None:
+                d3 = dataclasses.replace(d3, shadow=shadow)
+        if after is not None:
+            d3 = await after(d3)
+        if self.decision_log is not None:
+            self._log(d3, request_id, snapshot.config)
+        return d3
+
+    async def aclose(self) -> None:
+        """Cancel what runs in the background (shadow decisions still being asked) and wait for it."""
+        await self.shadows.aclose()
+
+    def _write(self, entry: dict[str, Any]) -> None:
+        if self.decision_log is not None:
+            self.decision_log.write(json_bytes(entry).decode() + "\n")
+            self.decision_log.flush()
+
+    async def _ask(
+        self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int]
+    ) -> tuple[Decision | None, Mapping[str, Answer], bool]:
+        """Ask the policy's stages in turn until the walk ends (`ask: together` has one stage, `staged` two: the
+        guard's questions, then the rest only when the guard did not end the walk); count each call in `calls` as
+        it starts (a failed one too). Return the decision, the answers asked and whether every call was a cache
+        hit. Each stage is its own engine call, so a cache in front of the engine keeps each under its own key
+        (state and that stage's questions): a repeated request finds both, and single-flight joins each."""
+        if len(policy.stages) == 1:  # together: the one call, as before; the caller walks the rules
+            self._count(policy, policy.questions, calls)
+            decided = await engine.decide(state.state, policy.questions, images=state.images, videos=state.videos)
+            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            return None, decided.answers, decided.cached
+        answers: dict[str, Answer] = {}
+        cached = True
+        for stage in policy.stages:
+            self._count(policy, stage, calls)
+            decided = await engine.decide(state.state, stage, images=state.images, videos=state.videos)
+            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            cached = cached and decided.cached
+            answers.update(decided.answers)
+            decision = policy.walk(answers)
+            if decision is not None:
+                return decision, answers, cached
+        # Unreachable: the last stage completes the answers, and a walk with every answer ends.
+        return policy.evaluate(answers), answers, cached
+
+    def _count(self, policy: Policy, questions: Mapping[str, Question], calls: list[int]) -> None:
+        calls[0] += 1
+        self.engine_calls[policy.name] += 1
+        self.questions_asked[policy.name] += len(questions)
+
+    async def explain(self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None) -> dict[str, Any]:
+        """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides."""
+        model = body.get("model")
+        policy = policy_for(self.snapshot.config, api, model)
+        if policy is None:
+            raise ModelNotFound(
+                f"no policy is named {model!r} and server.default_policy is unset; explain needs a policy's name"
+            )
+        d3 = await self.decide(policy, body, api=api, after=after)
+        payload = d3.explain()
+        payload["api"] = api.name
+        payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
+        payload["ask"] = policy.ask
+        return payload
+
+    def _log(self, d3: D3Decision, request_id: str, config: Config) -> None:
+        entry: dict[str, Any] = {
+            "time": round(time.time(), 3),
+            "request_id": request_id,
+            "policy": d3.policy,
+            "rule": d3.decision.rule,
+            "action": d3.action,
+            "answers": {qid: _answer_json(answer) for qid, answer in d3.answers.items()},
+            "decision_ms": round(d3.decision_ms, 3),
+            "cached": d3.cached,
+            "degraded": d3.decision.degraded,
+        }
+        if d3.skipped:
+            entry["skipped"] = list(d3.skipped)
+        if d3.session is not None:
+            entry["session"] = d3.session
+            entry["session_key"] = d3.session_key
+            if isinstance(d3.decision.action, Route):
+                entry["upstreams"] = list(d3.decision.action.upstreams)
+        if d3.shadow is not None:
+            entry["shadow"] = decision_json(d3.shadow, agrees(d3.decision, d3.shadow))
+        settings = config.server.decision_log
+        if settings is not None and settings.include_text:
+            entry["state"] = d3.state.state
+        if settings is not None and settings.states:
+            # What `d3router replay` reads back (router/_offline/replay.py): the state as the engine saw it, never cut,
+            # so that a replay decides on the same text; media are counted, not copied.
+            policy = self.config.policies.get(d3.policy)
+            entry["state_from"] = policy.state.source if policy is not None else None
+            entry["images"], entry["videos"] = len(d3.state.images), len(d3.state.videos)
+            text = d3.state.state
+            size = len(text) if isinstance(text, str) else len(json_bytes(text))
+            if size <= settings.max_state_chars:
+                entry["state"] = text
+            else:
+                entry["state_omitted"] = f"over decision_log.max_state_chars ({settings.max_state_chars})"
+        log = self.decision_log
+        if log is None:  # closed by a reload meanwhile
+            return
+        log.write(json_bytes(entry).decode() + "\n")
+        log.flush()

@@ -1,0 +1,177 @@
+"""`D3RouterMiddleware`: d3-router's decisions inside any Starlette or FastAPI app.
+
+    app = FastAPI()
+    app.add_middleware(D3RouterMiddleware, config="router.yaml")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        d3 = request.state.d3            # a D3Decision: .decision.action, .decision.rule, .answers, ...
+
+The middleware decides `POST` to the same four paths as the proxy (`/v1/chat/completions`, `/v1/completions`,
+`/v1/responses`, `/v1/messages`; `prefix` moves them) before the app sees the request, and is as strict as the
+proxy there: a body that is not one JSON object with unique keys, too large, or of another content type gets the
+proxy's 4xx in the API's own error shape and never reaches the app; a block is answered with the API's error;
+otherwise the request goes on, body unchanged, with the decision at `request.state.d3` and the `x-d3-*` headers and
+tags added to the response. A model no policy names goes to the app undecided, as the proxy sends it to the
+upstream serving it, unless `server.default_policy` decides it. Every other request passes through untouched.
+Sessions work as in the proxy (issue 12): a later turn's route is its session's (`d3.session` says new, sticky,
+escalated or off), guards still decide every turn, and with `server.redis` the sessions and a second-level decision
+cache are shared with the other replicas. The engine starts with the app's lifespan (or on first use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from d3backend import DecisionEngine
+from policies import Block, Config, load_config
+from router._apis.body import read_request
+from router._apis.registry import APIS
+from router._asgi.headers import encode_headers
+from router._asgi.messages import ClientDisconnected
+from router._asgi.relay import BUFFER_LIMIT
+from router._decision.engines import start_engine
+from router._decision.pick import policy_for
+from router._errors import Blocked, RequestError
+from router._faces.parts import build_parts
+from router._faces.request import Decided
+
+
+class D3RouterMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        config: Config | str | os.PathLike[str],
+        engine: DecisionEngine | None = None,
+        prefix: str = "/v1",
+    ) -> None:
+        self.app = app
+        loaded = config if isinstance(config, Config) else load_config(config)
+        self._owns_engine = engine is None
+        self.service, self.sessions = build_parts(loaded, engine, os.environ)
+        self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
+        self._started = self.service.engine is None
+        self._start_lock = asyncio.Lock()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, self._lifespan_receive(receive), send)
+            return
+        api = self.apis.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
+        if api is None:
+            await self.app(scope, receive, send)
+            return
+        request = Decided(scope, receive, send, api, self.service.snapshot)
+        try:
+            app_send = await self._decide(request)
+        except RequestError as exc:
+            await request.fail(exc, encode_headers(request.d3.headers()) if request.d3 is not None else None)
+            return
+        except ClientDisconnected:
+            return  # gone while sending its body: nothing to decide, no one to answer
+        await self.app(scope, _replay(request.raw, receive), app_send)
+
+    async def _decide(self, request: Decided) -> Send:
+        """Decide `request`: the `send` the app answers through, the decision at `request.state.d3` (undecided:
+        the client's own); a `RequestError` is answered instead."""
+        config = request.config
+        request.raw, request.body = await read_request(request.scope, request.receive, config.server.max_body_bytes)
+        request.policy = policy = policy_for(config, request.api, request.body.get("model"))
+        if policy is None:  # not ours to decide: the app sees the request as it came
+            return request.send
+        await self._start()
+        request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config)
+        request.d3 = d3 = await self.service.decide(policy, request.body, api=request.api, snapshot=request.snapshot,
+                                                    after=turn.route)  # fmt: skip
+        action = d3.decision.action
+        if isinstance(action, Block):
+            raise Blocked(action.message, status=action.status, code=d3.decision.rule)
+        request.scope.setdefault("state", {})["d3"] = d3
+        headers = encode_headers(d3.headers())
+        replaced = {name for name, _ in headers}
+        answer = _Answer() if turn.wants_answer else None
+        send = request.send
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in replaced]
+                message = {**message, "headers": [*kept, *headers]}
+            if answer is not None and answer.see(message):
+                # The whole answer, before its last part goes out: the session knows its id before the client can
+                # send the next turn, perhaps to another replica (as the proxy's relay does).
+                await turn.remember(answer.whole)
+            await send(message)
+
+        return send_with_headers
+
+    async def _start(self) -> None:
+        if self._started:
+            return
+        async with self._start_lock:
+            if not self._started:
+                await start_engine(self.service.engine)
+                self._started = True
+
+    def _lifespan_receive(self, receive: Receive) -> Receive:
+        async def wrapped() -> Message:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await self._start()
+            elif message["type"] == "lifespan.shutdown":
+                await self.service.aclose()
+                await self.sessions.store.aclose()
+                if self._owns_engine and self.service.engine is not None:
+                    await self.service.engine.aclose()
+            return message
+
+        return wrapped
+
+
+class _Answer:
+    """The app's answer to a Responses turn of a session, kept when it is a whole JSON success (not a stream, at
+    most `BUFFER_LIMIT` bytes), so that the session learns the response's id (see `SessionTurn.remember`)."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] | None = []
+        self._size = 0
+        self.whole = b""
+
+    def see(self, message: Message) -> bool:
+        """Keep what `message` adds; True once the answer is whole (then it is in `whole`)."""
+        if self._parts is None:
+            return False
+        if message["type"] == "http.response.start":
+            types = [v for k, v in message.get("headers", []) if k.lower() == b"content-type"]
+            if message["status"] >= 300 or not types or not types[0].startswith(b"application/json"):
+                self._parts = None
+            return False
+        if message["type"] != "http.response.body":
+            return False
+        chunk = message.get("body", b"")
+        self._size += len(chunk)
+        if self._size > BUFFER_LIMIT:
+            self._parts = None
+            return False
+        self._parts.append(chunk)
+        if message.get("more_body", False):
+            return False
+        self.whole = b"".join(self._parts)
+        return True
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that yields the already-read body once, then defers to the real one (for disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay

@@ -1,0 +1,249 @@
+"""Sessions (issue 12): the turns of one conversation keep the route their first routed turn chose.
+
+    sessions = Sessions(store, config.server.sessions, salt, metrics)
+    turn = sessions.turn(api, scope["headers"], body)            # per request; nothing is read from the store yet
+    d3 = await service.decide(policy, body, after=turn.route)    # guards first; then the session's route
+    await turn.remember(response_body)                           # Responses: the answer's id joins the session
+
+A request's session key is, the first found: the `x-session-id` header (`server.sessions.session_id_header`), the
+header `server.sessions.header`, the body's `user`, `safety_identifier` or `prompt_cache_key` (chat, responses),
+`metadata.user_id` (messages), a Responses `previous_response_id` (the session of the response it continues, known
+from the answers this router relayed), and, with no id at all, the conversation's opening (its system prompt and
+first user turn, with a hash of the client's credential, so that two users' identical openings are two sessions).
+Keys are hashed (BLAKE2, salted) before they are stored or logged; the store holds upstream names only.
+
+The session never replaces a guard: the policy decides every turn in full, and only a route is then replaced by the
+session's (a block stands). The body's fields are read without asking which API sent them (style 14).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from policies import Config, Route, ServerSettings, SessionServerSettings
+from router._apis.chat import Api
+from router._apis.content import Content
+from router._apis.state import Turn
+from router._decision.record import D3Decision
+from router._errors import BadRequest
+from router._observe.metrics import Counts, Metrics
+from router._sessions.store import Store
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = b"x-session-id"
+BODY_IDS = ("user", "safety_identifier", "prompt_cache_key")
+OUTCOMES = ("new", "sticky", "escalated", "off")
+
+
+class Sessions:
+    """Finds sessions and keeps their routes in a `Store`; one per app."""
+
+    def __init__(self, store: Store, settings: SessionServerSettings, salt: bytes, metrics: Metrics) -> None:
+        self.store = store
+        self.settings = settings
+        self._salt = hashlib.blake2b(salt, digest_size=32).digest()  # any length in, BLAKE2's key size out
+        self.counts: Counts[tuple[str, str]] = metrics.counter(
+            "d3router_sessions",
+            "Routed turns by policy and session outcome: new, sticky, escalated (to a stronger upstream) or off.",
+            ("policy", "outcome"),
+        )
+
+    def hash(self, kind: str, value: str | bytes) -> str:
+        """The stored and logged form of a session id: salted BLAKE2, 32 hex characters."""
+        data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
+        return hashlib.blake2b(kind.encode() + b"\0" + data, key=self._salt, digest_size=16).hexdigest()
+
+    def turn(self, api: Api, headers: Iterable[tuple[bytes, bytes]], body: Mapping[str, Any], config: Config, *,
+             dry: bool = False) -> SessionTurn:  # fmt: skip
+        """The session part of one request; `dry` (explain) says what would happen and stores nothing."""
+        turn = SessionTurn(self, api, dict(headers), body, config)
+        turn.dry = dry
+        return turn
+
+
+class SessionTurn:
+    """One request's session: found lazily (only a routed turn of a policy with sessions reads the store)."""
+
+    def __init__(self, sessions: Sessions, api: Api, headers: Mapping[bytes, bytes], body: Mapping[str, Any],
+                 config: Config) -> None:  # fmt: skip
+        self.sessions = sessions
+        self.api = api
+        self.headers = headers
+        self.body = body
+        self.config = config
+        self.key: str | None = None  # hashed, once found
+        self.source: str | None = None
+        self.ttl_s = 0.0
+        self.dry = False  # explain: say what would happen, store nothing
+        self._turns: list[Turn] | None = None
+
+    @property
+    def wants_answer(self) -> bool:
+        """Whether the answer's id is worth remembering: a Responses turn in a session (`previous_response_id`)."""
+        reads = self.api.chains_answers and self.sessions.settings.body_ids
+        return reads and self.key is not None and not self.dry
+
+    # --- finding the session -----------------------------------------------------------------------------------
+    async def find(self) -> str | None:
+        """The hashed session key, or None when the request carries nothing to find one by."""
+        sessions, settings = self.sessions, self.sessions.settings
+        names = ([SESSION_HEADER] if settings.session_id_header else []) + (
+            [settings.header.encode("latin-1")] if settings.header else []
+        )
+        for name in names:
+            value = self.headers.get(name)
+            if value:
+                return self._found("header", sessions.hash("id", value))
+        if settings.body_ids:
+            for field in BODY_IDS:
+                value = self.body.get(field)
+                if isinstance(value, str) and value:
+                    return self._found(field, sessions.hash("id", value))
+            metadata = self.body.get("metadata")
+            user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+            if isinstance(user_id, str) and user_id:
+                return self._found("metadata.user_id", sessions.hash("id", user_id))
+            previous = self.body.get("previous_response_id")
+            if isinstance(previous, str) and previous:
+                known = await sessions.store.get(_response_key(sessions.hash("response", previous)))
+                return self._found("previous_response_id", known or sessions.hash("response-chain", previous))
+        if settings.fingerprint:
+            opening = self._opening()
+            if opening is not None:
+                return self._found("fingerprint", sessions.hash("opening", opening))
+        return None
+
+    def _found(self, source: str, key: str) -> str:
+        self.source, self.key = source, key
+        return key
+
+    def turns(self) -> list[Turn]:
+        """The request's turns, read once (the opening, the opening-turn and the tool-result checks share them)."""
+        if self._turns is None:
+            try:
+                self._turns = self.api.turns(self.body, Content(lenient=True))
+            except BadRequest:  # decided already; a body the adapter cannot read has no turns to go by
+                self._turns = []
+        return self._turns
+
+    def _opening(self) -> bytes | None:
+        """The system turns and the first user turn, with the client's credential: what every later turn of the
+        conversation repeats."""
+        turns = self.turns()
+        first = next((index for index, turn in enumerate(turns) if turn.role == "user"), None)
+        if first is None:
+            return None
+        # Each part length-prefixed, so that no text can make two openings look alike (and cheaper than JSON).
+        parts = []
+        for turn in turns[: first + 1]:
+            if turn.role != "assistant":
+                role, text = turn.role.encode(), turn.text.encode("utf-8", "surrogatepass")
+                parts.append(b"%d:%s%d:%s" % (len(role), role, len(text), text))
+        credential = self.headers.get(self.api.key_header, b"")
+        parts.append(b"k%d:%s" % (len(credential), credential))
+        return b"".join(parts)
+
+    # --- routing -------------------------------------------------------------------------------------------------
+    async def route(self, d3: D3Decision) -> D3Decision:
+        """After the policy decided (guards included): a route becomes the session's, a block stands."""
+        policy = self.config.policies.get(d3.policy)
+        action = d3.decision.action
+        if policy is None or not isinstance(action, Route):
+            return d3
+        if self._turns is None and d3.state.turns:
+            self._turns = list(d3.state.turns)  # the decision read them already
+        settings = policy.session
+        if settings.mode == "off" or await self.find() is None or self.key is None:
+            return self._outcome(d3, "off", action.upstreams)
+        self.ttl_s = settings.ttl_s
+        store = self.sessions.store
+        previous = None
+        if not self._opening_turn():  # an opening decides anew: nothing to read
+            stored = await store.get(_session_key(d3.policy, self.key), None if self.dry else settings.ttl_s)
+            previous = self._upstreams(stored)
+        if previous is None:
+            outcome, upstreams = "new", action.upstreams
+        elif settings.mode == "escalate" and not self._tool_turn() and self._tier(action) > self._tier(previous):
+            outcome, upstreams = "escalated", action.upstreams
+        else:
+            outcome, upstreams = "sticky", previous
+        if outcome != "sticky" and not self.dry:
+            await store.set(_session_key(d3.policy, self.key), ",".join(upstreams), settings.ttl_s)
+        return self._outcome(d3, outcome, upstreams)
+
+    def _outcome(self, d3: D3Decision, outcome: str, upstreams: tuple[str, ...]) -> D3Decision:
+        if not self.dry:
+            self.sessions.counts[(d3.policy, outcome)] += 1
+        decision = d3.decision
+        if isinstance(decision.action, Route) and upstreams != decision.action.upstreams:
+            decision = decision._replace(action=Route(upstreams))
+        return dataclasses.replace(d3, decision=decision, session=outcome, session_key=self.key)
+
+    def _upstreams(self, stored: str | None) -> tuple[str, ...] | None:
+        """The stored route, if every upstream in it is still configured (a reload may have removed one)."""
+        if not stored:
+            return None
+        names = tuple(stored.split(","))
+        return names if all(name in self.config.upstreams for name in names) else None
+
+    def _tier(self, route: Route | tuple[str, ...]) -> int:
+        """The strength of a route: its first upstream's tier (the others are its fallbacks)."""
+        upstreams = route.upstreams if isinstance(route, Route) else route
+        return self.config.upstreams[upstreams[0]].tier
+
+    def _opening_turn(self) -> bool:
+        """A conversation's first turn (no assistant turn yet) starts the session anew, unless the client named the
+        session itself (a header) or continues a stored response: identical first questions of strangers, or a
+        user's next conversation, are decided on their own."""
+        if self.source in ("header", "previous_response_id"):
+            return False
+        return not any(turn.role in ("assistant", "tool") for turn in self.turns())
+
+    def _tool_turn(self) -> bool:
+        """The last message is a tool result: the agent's step goes on where it started."""
+        turns = self.turns()
+        return bool(turns) and turns[-1].role == "tool"
+
+    async def remember(self, answer: bytes) -> None:
+        """A Responses answer's `id` joins this session, so that a request continuing it (`previous_response_id`)
+        finds the session. Only a whole JSON answer (not a stream) is read; an unreadable one is left alone."""
+        if self.key is None or self.dry:
+            return
+        try:
+            data = json.loads(answer)
+        except ValueError:  # not JSON (an encoded body, an error page): nothing to remember
+            return
+        response_id = data.get("id") if isinstance(data, dict) else None
+        if isinstance(response_id, str) and response_id:
+            key = _response_key(self.sessions.hash("response", response_id))
+            await self.sessions.store.set(key, self.key, self.ttl_s)
+
+
+def session_salt(server: ServerSettings, environ: Mapping[str, str]) -> bytes:
+    """The salt of hashed keys: `server.sessions.salt_env`'s value; unset, a fixed one with Redis (replicas must
+    agree on keys) or a random one per process."""
+    name = server.sessions.salt_env
+    if name is not None:
+        value = environ.get(name)
+        if value:
+            return value.encode("utf-8")
+        logger.warning("server.sessions.salt_env names %r, which is unset or empty; session keys use the default "
+                       "salt", name)  # fmt: skip
+    if server.redis is not None:
+        return b"d3-router sessions"
+    return os.urandom(32)
+
+
+def _session_key(policy: str, key: str) -> str:
+    return f"d3:session:{policy}:{key}"
+
+
+def _response_key(key: str) -> str:
+    return f"d3:response:{key}"
