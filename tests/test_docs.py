@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from policies import parse_config, run_test
 from router._cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,6 +121,17 @@ def test_the_readme_is_a_front_door() -> None:
     assert "```sh\nbash .ci/setup && .venv/bin/python -m pytest\n```" in text
     assert "```sh\nbash .ci/setup && .venv/bin/python examples/quickstart.py\n```" in text
     assert not re.search(r"\(#\d+|\bissues? \d+|#\d+\)", text), "issue numbers belong in commits, not the README"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/policies.md"])
+def test_the_policy_example_is_a_valid_policy_whose_tests_pass(page: str) -> None:
+    text = (REPO / page).read_text(encoding="utf-8")
+    example = re.search(r"^```yaml\n(policies:\n.*?)^```", text, re.MULTILINE | re.DOTALL)
+    assert example, f"{page} has no policy example"
+    upstreams = "upstreams:\n  small: {url: http://127.0.0.1:8001/v1}\n  large: {url: http://127.0.0.1:8002/v1}\n"
+    config = parse_config(upstreams + example.group(1), file=page)
+    results = [run_test(config.policies[test.policy], test) for test in config.tests]
+    assert results and all(result.passed for result in results)
 
 
 def test_configuration_reference_is_current(capsys: pytest.CaptureFixture[str]) -> None:
