@@ -13,6 +13,7 @@ from policies._expr import Condition, ExpressionError, compile_condition
 from policies._load import Config, load_config, parse_config
 from policies._params import API_TITLES, APIS, PARAMS, ApiName, param_path
 from policies._policy import Action, Block, Decision, Policy, Route, Rule, SessionSettings, StateSettings, Step
+from policies._reference import reference_markdown
 from policies._schema import (
     CacheSettings,
     ConfigSpec,
@@ -60,5 +61,6 @@ __all__ = [
     "load_config",
     "param_path",
     "parse_config",
+    "reference_markdown",
     "run_test",
 ]

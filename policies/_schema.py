@@ -67,9 +67,11 @@ class EmbeddedSettings(Strict):
     """vLLM built inside the router's process (the default)."""
 
     model: str = Field("vllm-sr/d3-mini", min_length=1, description="Model name or local directory.")
-    served_model_name: str | None = None
-    max_model_len: int | None = Field(None, gt=0)
-    dtype: str = "auto"
+    served_model_name: str | None = Field(
+        None, description="The name vLLM serves the model under (its --served-model-name)."
+    )
+    max_model_len: int | None = Field(None, gt=0, description="Longest context in tokens (vLLM's --max-model-len).")
+    dtype: str = Field("auto", description="Weights' data type (vLLM's --dtype).")
     kv_cache_memory_bytes: str | int | None = Field(None, description="e.g. 256M; leave unset on GPUs.")
     args: list[str] = Field(default_factory=list, description="Extra `vllm serve` arguments.")
     timeout_s: float = Field(30.0, gt=0, description="Deadline of one decision (then on_engine_error applies).")
@@ -80,8 +82,8 @@ class RemoteSettings(Strict):
 
     urls: list[str] = Field(min_length=1, description="Base URLs, e.g. http://d3-a:8000")
     model: str | None = Field(None, description="Served model name; discovered from /v1/models if unset.")
-    timeout_s: float = Field(2.0, gt=0)
-    connect_timeout_s: float = Field(0.5, gt=0)
+    timeout_s: float = Field(2.0, gt=0, description="Deadline of one try; a failed try is retried once on another URL.")
+    connect_timeout_s: float = Field(0.5, gt=0, description="Longest wait to connect to one URL.")
     api_key_env: str | None = Field(None, description="Environment variable holding a bearer key.")
 
     @field_validator("urls")
@@ -98,13 +100,17 @@ class RemoteSettings(Strict):
 
 
 class CacheSettings(Strict):
+    """The decision cache: answers kept by a digest of the model, the state and the questions (no text kept)."""
+
     max_entries: int = Field(
         10_000, ge=0, description="0 keeps no answers; identical decisions in flight still share one engine call."
     )
-    ttl_s: float = Field(600.0, gt=0)
+    ttl_s: float = Field(600.0, gt=0, description="Seconds an answer is kept (in Redis too, with server.redis).")
 
 
 class EngineSettings(Strict):
+    """The decision engine: `embedded` (the default) or `remote`, and its cache. Changes need a restart."""
+
     embedded: EmbeddedSettings | None = None
     remote: RemoteSettings | None = None
     cache: CacheSettings = CacheSettings()
@@ -134,7 +140,7 @@ class UpstreamSettings(Strict):
     model: str | None = Field(None, description="Model name sent upstream; unset keeps the client's.")
     api_key_env: str | None = Field(None, description="Environment variable holding the upstream's key.")
     timeout_s: float = Field(600.0, gt=0, description="Read timeout: the longest gap between bytes.")
-    connect_timeout_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0, description="Longest wait to connect; then the next upstream.")
     max_connections: int = Field(
         256, gt=0, description="Connections open to this upstream at once; its own pool, apart from the others'."
     )
@@ -160,8 +166,10 @@ class UpstreamSettings(Strict):
 
 # --- questions ------------------------------------------------------------------------------------------------
 class ChoiceSpec(Strict):
+    """A question with named options; `when` reads the pick and each option's probability."""
+
     type: Literal["choice"]
-    instructions: str | None = None
+    instructions: str | None = Field(None, description="The question put to the engine.")
     criteria: dict[str, str | None] = Field(description="Option name -> description (or null), in order.")
 
     @field_validator("criteria", mode="before")
@@ -183,6 +191,8 @@ class ChoiceSpec(Strict):
 
 
 class NoulCriteria(Strict):
+    """What a yes and a no mean, for the engine."""
+
     true: str | None = Field(None, description="What yes means.")
     false: str | None = Field(None, description="What no means.")
 
@@ -196,14 +206,18 @@ class NoulCriteria(Strict):
 
 
 class NoulSpec(Strict):
+    """A yes/no question; `when` reads P(yes)."""
+
     type: Literal["noul"]
-    instructions: str | None = None
+    instructions: str | None = Field(None, description="The question put to the engine.")
     criteria: NoulCriteria | None = None
 
 
 class ScoreSpec(Strict):
+    """A question answered on ordered levels; `when` reads the expected level, 0-based."""
+
     type: Literal["score"]
-    instructions: str | None = None
+    instructions: str | None = Field(None, description="The question put to the engine.")
     criteria: list[str] = Field(
         min_length=MIN_SCORE_LEVELS, max_length=MAX_SCORE_LEVELS, description="Level names, lowest first."
     )
@@ -227,11 +241,15 @@ QuestionSpec = Annotated[ChoiceSpec | NoulSpec | ScoreSpec, Field(discriminator=
 
 # --- rules ----------------------------------------------------------------------------------------------------
 class BlockSpec(Strict):
+    """An error answered in the API's own shape, before any upstream is called."""
+
     status: int = Field(403, ge=400, le=499, description="A 4xx status.")
-    message: str = Field("Refused by policy.", min_length=1)
+    message: str = Field("Refused by policy.", min_length=1, description="The error's message.")
 
 
 class EngineErrorBlockSpec(BlockSpec):
+    """An error answered when the engine cannot decide."""
+
     status: int = Field(503, ge=400, le=599, description="A 4xx or 5xx status; 503 says the guard is unavailable.")
 
 
@@ -243,7 +261,7 @@ class ActionSpec(Strict):
     """What a rule does: route (an upstream or a fallback list), block, and optionally tag and set."""
 
     route: str | list[str] | None = Field(None, description="An upstream name, or a list tried in order.")
-    block: BlockSpec | None = None
+    block: BlockSpec | None = Field(None, description="Refuse the request with this error instead of routing it.")
     tag: Tags = Field(default_factory=dict, description="Headers added upstream and to the response.")
     set_: Params = Field(default_factory=dict, alias="set", description="Request parameters to set.")
 
@@ -296,11 +314,13 @@ class ActionSpec(Strict):
 class EngineErrorSpec(ActionSpec):
     """What a policy does when the engine cannot answer."""
 
-    block: EngineErrorBlockSpec | None = None
+    block: EngineErrorBlockSpec | None = Field(None, description="Refuse the request with this error instead.")
 
 
 class RuleSpec(ActionSpec):
-    name: str = Field(min_length=1)
+    """One rule; rules run in order, and the first that routes or blocks ends the walk."""
+
+    name: str = Field(min_length=1, description="Unique in its policy; named in x-d3-rule, metrics and logs.")
     when: str | None = Field(
         None, description='A condition over the answers, e.g. kind == "code" and difficulty >= 1.5'
     )
@@ -323,6 +343,8 @@ class RuleSpec(ActionSpec):
 
 
 class StateSpec(Strict):
+    """What the engine reads of the request: the decision state."""
+
     from_: Literal["last_user", "new", "conversation", "json"] = Field(
         "last_user",
         alias="from",
@@ -345,29 +367,36 @@ class SessionSpec(Strict):
 
 
 class ExpectSpec(Strict):
-    rule: str | None = None
-    route: str | list[str] | None = None
-    block: bool | int | None = Field(None, description="true, or the expected status.")
-    tags: Tags | None = None
-    set_: Params | None = Field(None, alias="set")
-    degraded: bool | None = None
+    """What a test case checks; only the keys given are checked."""
+
+    rule: str | None = Field(None, description="The rule that decides.")
+    route: str | list[str] | None = Field(None, description="A name checks the first upstream, a list the whole list.")
+    block: bool | int | None = Field(None, description="true or false, or the expected status.")
+    tags: Tags | None = Field(None, description="Tags the decision adds (the ones given).")
+    set_: Params | None = Field(None, alias="set", description="Parameters the decision sets (the ones given).")
+    degraded: bool | None = Field(None, description="Whether on_engine_error decided.")
 
 
 class TestCaseSpec(Strict):
-    name: str | None = None
+    """A policy test case, run by `d3router test`: answers in, a decision expected."""
+
+    name: str | None = Field(None, description="Shown beside the case's number in `d3router test`'s output.")
     answers: dict[str, Any] = Field(
         default_factory=dict,
         description="Per question: a number for a noul (P(yes)) or a score (expected level), an option name "
         "for a choice, or a mapping of probabilities.",
     )
     engine_error: bool = Field(False, description="Test what happens when the engine fails.")
-    expect: ExpectSpec
+    expect: ExpectSpec = Field(description="What the decision must be.")
 
 
 class PolicySpec(Strict):
-    description: str | None = None
+    """A policy, keyed by the model name clients send: questions for the engine, rules over the answers."""
+
+    description: str | None = Field(None, description="Free text for whoever reads the file.")
     apis: list[ApiName] = Field(
         default_factory=lambda: list(APIS),
+        json_schema_extra={"default": list(APIS)},
         min_length=1,
         description="The client APIs this policy decides; a request on another gets 404. "
         "Rules may `set` only parameters that every one of them takes.",
@@ -390,9 +419,16 @@ class PolicySpec(Strict):
     session: SessionSpec = Field(
         SessionSpec(), description="How a conversation's turns are routed: `sticky` (the default), `escalate`, `off`."
     )
-    questions: dict[str, QuestionSpec] = Field(default_factory=dict, max_length=MAX_QUESTIONS)
-    rules: list[RuleSpec] = Field(min_length=1)
-    tests: list[TestCaseSpec] = Field(default_factory=list)
+    questions: dict[str, QuestionSpec] = Field(
+        default_factory=dict,
+        max_length=MAX_QUESTIONS,
+        description="Keyed by question id (letters, digits, _), the name `when` uses. Only questions a rule reads "
+        "are asked.",
+    )
+    rules: list[RuleSpec] = Field(
+        min_length=1, description="In order; the last must be an unconditional route, the policy's default."
+    )
+    tests: list[TestCaseSpec] = Field(default_factory=list, description="Cases `d3router test` runs.")
 
     @field_validator("questions", mode="before")
     @classmethod
@@ -409,12 +445,14 @@ class PolicySpec(Strict):
 
 
 class DecisionLogSettings(Strict):
+    """One JSON line per decision: policy, rule, upstream, answers, timing; no message text by default."""
+
     path: str = Field(description="A JSON-lines file, one line per decided request.")
     include_text: bool = Field(False, description="Also log the decision state (message text). Off by default.")
     states: bool = Field(
         False,
         description="Log what `d3router replay` needs to decide again: the decision state (message text: see the "
-        "README's privacy note), its source and its media counts. Off by default.",
+        "privacy note in docs/replay.md), its source and its media counts. Off by default.",
     )
     max_state_chars: int = Field(
         20_000, gt=0, description="With `states`: a longer state is not logged (the line says so), never cut."
@@ -459,7 +497,7 @@ class SessionServerSettings(Strict):
 class ServerSettings(Strict):
     """How the router serves: limits, admin access and graceful shutdown."""
 
-    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger chat requests get 413.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger request bodies get 413.")
     decision_timeout_s: float = Field(5.0, gt=0, description="Longest wait for the engine before on_engine_error.")
     media_hosts: list[str] = Field(
         default_factory=list,
@@ -468,7 +506,7 @@ class ServerSettings(Strict):
     )
     max_media_bytes: int = Field(8 * 1024 * 1024, gt=0, description="Budget for data URLs handed to the engine.")
     admin_token_env: str | None = Field(None, description="Environment variable with the token for POST /admin/reload.")
-    decision_log: DecisionLogSettings | None = None
+    decision_log: DecisionLogSettings | None = Field(None, description="Unset: no decision log is written.")
     default_policy: str | None = Field(
         None,
         description="The policy that decides a request whose `model` names no policy (an upstream's model, any "
@@ -544,8 +582,12 @@ class ConfigSpec(Strict):
 
     server: ServerSettings = ServerSettings()
     engine: EngineSettings = EngineSettings()
-    upstreams: dict[str, UpstreamSettings] = Field(min_length=1)
-    policies: dict[str, PolicySpec] = Field(default_factory=dict)
+    upstreams: dict[str, UpstreamSettings] = Field(
+        min_length=1, description="The backends requests are routed to, keyed by the names rules `route` to."
+    )
+    policies: dict[str, PolicySpec] = Field(
+        default_factory=dict, description="Keyed by the model name clients send (`auto`, `guarded`, ...)."
+    )
 
 
 def _check_url(url: str) -> str:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from d3backend import make_model, redact_url
-from policies import Block, Config, ConfigError, ConfigSpec, Route, load_config, run_test
+from policies import Block, Config, ConfigError, ConfigSpec, Route, load_config, reference_markdown, run_test
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 
@@ -69,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     explain.set_defaults(run=_explain)
     schema = commands.add_parser("schema", help="print the configuration file's JSON Schema")
+    schema.add_argument("--markdown", action="store_true", help="print the reference page (docs/configuration.md)")
     schema.set_defaults(run=_schema)
     make = commands.add_parser("make-model", help="build the tiny local model for tests and offline demos")
     make.add_argument("directory")
@@ -241,6 +242,9 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def _schema(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    if args.markdown:
+        out.write(reference_markdown(config_schema()))
+        return EXIT_OK
     print(json.dumps(config_schema(), indent=2), file=out)
     return EXIT_OK
 
