@@ -27,6 +27,7 @@ from router._decision.record import D3Decision, _answer_json, agrees, decision_j
 from router._decision.shadow import Shadows
 from router._errors import ModelNotFound
 from router._observe import tracing
+from router._observe.decisionlog import DecisionLog
 from router._observe.metrics import Counts, Metrics
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class RouterService:
         engine: DecisionEngine | None,
         *,
         metrics: Metrics | None = None,
-        decision_log: TextIO | None = None,
+        decision_log: DecisionLog | TextIO | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -89,10 +90,14 @@ class RouterService:
     def media(self) -> MediaRules:
         return self.snapshot.media
 
-    def swap(self, config: Config) -> None:
-        """Use `config` from the next request on (the reload path); it must not need an engine we lack."""
+    def check(self, config: Config) -> None:
+        """`RuntimeError` if `config` cannot be swapped in: it needs an engine we lack."""
         if self.engine is None and any(policy.questions for policy in config.policies.values()):
             raise RuntimeError("the new configuration asks questions, but no engine is running; restart the router")
+
+    def swap(self, config: Config) -> None:
+        """Use `config` from the next request on (the reload path); it must not need an engine we lack."""
+        self.check(config)
         self.config = config
 
     async def decide(
@@ -160,9 +165,13 @@ class RouterService:
         await self.shadows.aclose()
 
     def _write(self, entry: dict[str, Any]) -> None:
-        if self.decision_log is not None:
-            self.decision_log.write(json_bytes(entry).decode() + "\n")
-            self.decision_log.flush()
+        """One line: to the faces' `DecisionLog` (queued, never raising), or to a stream a library caller gave."""
+        log = self.decision_log
+        if isinstance(log, DecisionLog):
+            log.write(json_bytes(entry).decode() + "\n")
+        elif log is not None:
+            log.write(json_bytes(entry).decode() + "\n")
+            log.flush()
 
     async def _ask(
         self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int]
@@ -247,8 +256,4 @@ class RouterService:
                 entry["state"] = text
             else:
                 entry["state_omitted"] = f"over decision_log.max_state_chars ({settings.max_state_chars})"
-        log = self.decision_log
-        if log is None:  # closed by a reload meanwhile
-            return
-        log.write(json_bytes(entry).decode() + "\n")
-        log.flush()
+        self._write(entry)

@@ -36,6 +36,7 @@ from router._asgi.relay import BUFFER_LIMIT
 from router._decision.engines import start_engine
 from router._decision.pick import policy_for
 from router._errors import Blocked, RequestError
+from router._faces.lifecycle import open_decision_log
 from router._faces.parts import build_parts
 from router._faces.request import Decided
 
@@ -54,7 +55,7 @@ class D3RouterMiddleware:
         self._owns_engine = engine is None
         self.service, self.sessions = build_parts(loaded, engine, os.environ)
         self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
-        self._started = self.service.engine is None
+        self._started = False  # the engine and the decision log: opened with the lifespan, or on first use
         self._start_lock = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -113,6 +114,8 @@ class D3RouterMiddleware:
             return
         async with self._start_lock:
             if not self._started:
+                if self.service.decision_log is None:
+                    self.service.decision_log = open_decision_log(self.service.config, self.service.metrics)
                 await start_engine(self.service.engine)
                 self._started = True
 
@@ -124,6 +127,9 @@ class D3RouterMiddleware:
             elif message["type"] == "lifespan.shutdown":
                 await self.service.aclose()
                 await self.sessions.store.aclose()
+                log, self.service.decision_log = self.service.decision_log, None
+                if log is not None:
+                    await asyncio.to_thread(log.close)  # every queued line written
                 if self._owns_engine and self.service.engine is not None:
                     await self.service.engine.aclose()
             return message

@@ -47,7 +47,7 @@ from router._errors import (
     answer,
 )
 from router._faces.forward import Failure, Forwarder, allowed, unsafe_path
-from router._faces.lifecycle import Lifecycle
+from router._faces.lifecycle import Generation, Lifecycle
 from router._faces.parts import build_parts
 from router._faces.request import Decided
 from router._observe import logs, tracing
@@ -75,6 +75,7 @@ class ProxyApp(Lifecycle):
         self.ready = self.service.engine is None
         self.draining = False  # set on SIGTERM (router._faces.serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
+        self._generation, self._retiring = Generation(), set()
         self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)
         self._background: list[Any] = []
         self.ready_error: str | None = None if self.ready else "the engine has not started"
@@ -95,7 +96,8 @@ class ProxyApp(Lifecycle):
         if scope["type"] != "http":
             return
         handler = self._routes.get((scope["method"], scope["path"]))
-        info, token, send = logs.begin(scope, send)  # x-request-id on every response and log line (issue 14.6)
+        info, token, send = logs.begin(scope, send)  # x-request-id on every response and log line
+        generation = self.enter()
         try:
             if handler is not None:
                 await handler(scope, receive, send)
@@ -106,6 +108,7 @@ class ProxyApp(Lifecycle):
         except ClientDisconnected:
             pass  # gone while sending its body: nothing was started, nothing to answer
         finally:
+            generation.leave()
             logs.end(info, token)
 
     # --- the decided endpoints ------------------------------------------------------------------------------------
@@ -288,8 +291,11 @@ class ProxyApp(Lifecycle):
         if not token or not hmac.compare_digest(given.encode(), token.encode()):  # no timing hint of the token
             await _fail(send, Forbidden("reload needs the admin token (server.admin_token_env)"))
             return
-        ok, message = self.reload()
-        await send_json(send, 200 if ok else 422, json.dumps({"reloaded": ok, "message": message}).encode())
+        done = await self.areload()
+        result: dict[str, Any] = {"reloaded": done.ok, "message": done.message}
+        if done.restart:
+            result["restart_needed"] = list(done.restart)
+        await send_json(send, 200 if done.ok else 422, json.dumps(result).encode())
 
 
 def create_app(config: Config, **kwargs: Any) -> ProxyApp:

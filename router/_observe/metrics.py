@@ -118,6 +118,11 @@ class Metrics:
         self.upstream_errors: Counts[tuple[str, str]] = self.counter(
             "d3router_upstream_errors", "Upstream attempts that failed, by upstream and kind.", ("upstream", "kind")
         )
+        self.decision_log_dropped: Counts[str] = self.counter(
+            "d3router_decision_log_dropped",
+            "Decision log lines dropped: the writer's queue was full, or the file could not be written.",
+            ("reason",),
+        )
         decision = Histogram("d3router_decision_seconds", "Time to decide (engine call or cache), by policy.",
                              ("policy",), buckets=LATENCY_BUCKETS_S, registry=self._own)  # fmt: skip
         upstream = Histogram("d3router_upstream_seconds", "Time to the upstream's response headers, by upstream.",
