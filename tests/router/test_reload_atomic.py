@@ -29,7 +29,9 @@ upstreams: {{up: {{url: "{url}"}}}}
 policies:
   auto:
     questions: {{jailbreak: {{type: noul}}}}
-    rules: [{{name: {rule}, route: up}}]
+    rules:
+      - {{name: guard, when: jailbreak > 0.9, block: {{status: 403, message: Refused.}}}}
+      - {{name: {rule}, route: up}}
 """
 CHAT = {"model": "auto", "messages": [{"role": "user", "content": "hello"}]}
 ADMIN = {"authorization": "Bearer admin"}
@@ -56,7 +58,7 @@ async def test_a_decision_log_that_cannot_be_opened_keeps_the_old_configuration(
         response = await client.post("/admin/reload", headers=ADMIN)
     assert response.status_code == 422
     assert response.json()["reloaded"] is False and "blocker" in response.json()["message"]
-    assert app.config.policies["auto"].rules[0].name == "first"  # the old one, whole
+    assert app.config.policies["auto"].rules[-1].name == "first"  # the old one, whole
     assert app.config.server.decision_log is None and app.service.decision_log is None
     await app.aclose()
 
@@ -77,7 +79,7 @@ async def test_the_file_is_parsed_off_the_event_loop(tmp_path: Path, monkeypatch
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
         assert (await client.post("/admin/reload", headers=ADMIN)).json()["reloaded"] is True
     assert threads and threads[0] is not threading.main_thread()
-    assert app.config.policies["auto"].rules[0].name == "second"
+    assert app.config.policies["auto"].rules[-1].name == "second"
     await app.aclose()
 
 
@@ -110,12 +112,12 @@ async def test_the_watcher_keeps_watching_after_a_reload_fails(
                 await asyncio.sleep(0.01)
             path.write_text(path.read_text(encoding="utf-8") + "\n", encoding="utf-8")  # a second change
             for _ in range(1000):
-                if app.config.policies["auto"].rules[0].name == "second":
+                if app.config.policies["auto"].rules[-1].name == "second":
                     break
                 await asyncio.sleep(0.01)
     finally:
         watcher.cancel()
-    assert calls >= 2 and app.config.policies["auto"].rules[0].name == "second"
+    assert calls >= 2 and app.config.policies["auto"].rules[-1].name == "second"
     assert any("failed unexpectedly" in record.getMessage() for record in caplog.records)
     await app.aclose()
 
@@ -187,14 +189,15 @@ async def test_an_old_pool_closes_once_its_requests_ended(tmp_path: Path) -> Non
 
             pool.aclose = aclose  # type: ignore[method-assign]
             gate.hold = True
-            pending = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
-            await gate.held.wait()  # in flight under the old configuration
+            other = {**CHAT, "messages": [{"role": "user", "content": "another question"}]}  # not from a cache
+            pending = asyncio.create_task(client.post("/v1/chat/completions", json=other))
+            await asyncio.wait_for(gate.held.wait(), 10)  # in flight under the old configuration
             write(path, url=f"{second.url}/v1")
             assert (await app.areload()).ok
             await asyncio.sleep(0)
             assert not closed.is_set()  # its request still needs it
             gate.release.set()
-            assert (await pending).status_code == 200  # served by the old upstream, through the old pool
+            assert (await asyncio.wait_for(pending, 10)).status_code == 200  # the old upstream, through the old pool
             await asyncio.wait_for(closed.wait(), 10)
             gate.hold = False
             assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200  # the new upstream
