@@ -22,7 +22,7 @@ worker writes its share every second (`follow_engine_pool`), whichever worker an
 
 The call sites keep the plain shape they had: `metrics.engine_errors[kind] += 1`,
 `metrics.decision_seconds[policy].observe(s)`, `metrics.cache_entries = n`; `metrics.counter(...)` makes a new
-counter family of the same shape.
+counter family of the same shape, `metrics.gauge(...)` a gauge.
 """
 
 from __future__ import annotations
@@ -139,6 +139,11 @@ class Metrics:
     def counter(self, name: str, help_text: str, labels: Iterable[str]) -> Counts[Any]:
         """A new counter family, shown as `<name>_total` (`name` without the suffix)."""
         return Counts(Counter(name, help_text, tuple(labels), registry=self._own))
+
+    def gauge(self, name: str, help_text: str) -> Gauge:
+        """A new gauge without labels; with several workers, the largest value of the live ones (a state any worker
+        is in, such as `d3router_redis_down`)."""
+        return Gauge(name, help_text, registry=self._own, multiprocess_mode="livemax")
 
     @property
     def cache_entries(self) -> int | None:
