@@ -533,7 +533,19 @@ class ServerSettings(Strict):
         "down, the router falls back to its in-process store (counted in /metrics) and returns to Redis by itself.",
     )
     redis_timeout_s: float = Field(
-        0.05, gt=0, le=5, description="Longest wait for one Redis call before the in-process store answers instead."
+        0.05,
+        gt=0,
+        le=5,
+        description="Longest wait for one Redis call before the in-process store answers instead (and, apart, for a "
+        "free connection when all redis_max_connections are in use: that is counted as busy, not as Redis down).",
+    )
+    redis_max_connections: int = Field(
+        32,
+        gt=0,
+        le=10_000,
+        description="Connections this process opens to Redis at most (each worker has its own pool). More calls at "
+        "once wait for a free one, at most redis_timeout_s (then busy: answered in-process, Redis not taken for "
+        "down). Larger is not faster: the event loop, not Redis, limits one process's calls (router/_store.py).",
     )
 
     drain_s: float = Field(

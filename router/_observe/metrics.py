@@ -22,7 +22,7 @@ worker writes its share every second (`follow_engine_pool`), whichever worker an
 
 The call sites keep the plain shape they had: `metrics.engine_errors[kind] += 1`,
 `metrics.decision_seconds[policy].observe(s)`, `metrics.cache_entries = n`; `metrics.counter(...)` makes a new
-counter family of the same shape.
+counter family of the same shape, `metrics.gauge(...)` a gauge.
 """
 
 from __future__ import annotations
@@ -118,11 +118,6 @@ class Metrics:
         self.upstream_errors: Counts[tuple[str, str]] = self.counter(
             "d3router_upstream_errors", "Upstream attempts that failed, by upstream and kind.", ("upstream", "kind")
         )
-        self.decision_log_dropped: Counts[str] = self.counter(
-            "d3router_decision_log_dropped",
-            "Decision log lines dropped: the writer's queue was full, or the file could not be written.",
-            ("reason",),
-        )
         decision = Histogram("d3router_decision_seconds", "Time to decide (engine call or cache), by policy.",
                              ("policy",), buckets=LATENCY_BUCKETS_S, registry=self._own)  # fmt: skip
         upstream = Histogram("d3router_upstream_seconds", "Time to the upstream's response headers, by upstream.",
@@ -133,10 +128,22 @@ class Metrics:
             lambda key: self._requests.labels(*key)
         )
         self._pool: _Pool | None = None  # made when a remote engine is first shown
+        self._log_dropped: Counts[str] | None = None  # made with the first decision log
         self.multiprocess = self._dir is not None
         self.process = ProcessCollector(registry=None)
         self._shown = CollectorRegistry(auto_describe=False)
         self._shown.register(_Exposed(self))
+
+    @property
+    def decision_log_dropped(self) -> Counts[str]:
+        """Decision log lines dropped, by reason (full, error); shown once a decision log was opened."""
+        if self._log_dropped is None:
+            self._log_dropped = self.counter(
+                "d3router_decision_log_dropped",
+                "Decision log lines dropped: the writer's queue was full, or the file could not be written.",
+                ("reason",),
+            )
+        return self._log_dropped
 
     def request(self, policy: str, rule: str, action: str, status: int) -> None:
         self._request_series[(policy, rule, action, str(status))].inc()
@@ -144,6 +151,11 @@ class Metrics:
     def counter(self, name: str, help_text: str, labels: Iterable[str]) -> Counts[Any]:
         """A new counter family, shown as `<name>_total` (`name` without the suffix)."""
         return Counts(Counter(name, help_text, tuple(labels), registry=self._own))
+
+    def gauge(self, name: str, help_text: str) -> Gauge:
+        """A new gauge without labels; with several workers, the largest value of the live ones (a state any worker
+        is in, such as `d3router_redis_down`)."""
+        return Gauge(name, help_text, registry=self._own, multiprocess_mode="livemax")
 
     @property
     def cache_entries(self) -> int | None:
