@@ -17,6 +17,7 @@ from policies._reference import reference_markdown
 from policies._schema import (
     CacheSettings,
     ConfigSpec,
+    DecisionsSettings,
     EmbeddedSettings,
     EngineSettings,
     RemoteSettings,
@@ -39,6 +40,7 @@ __all__ = [
     "ConfigError",
     "ConfigSpec",
     "Decision",
+    "DecisionsSettings",
     "EmbeddedSettings",
     "EngineSettings",
     "EvaluationError",

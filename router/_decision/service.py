@@ -175,14 +175,14 @@ class RouterService:
         if len(policy.stages) == 1:  # together: the one call, as before; the caller walks the rules
             self._count(policy, policy.questions, calls)
             decided = await engine.decide(state.state, policy.questions, images=state.images, videos=state.videos)
-            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            self.metrics.usage(decided)
             return None, decided.answers, decided.cached
         answers: dict[str, Answer] = {}
         cached = True
         for stage in policy.stages:
             self._count(policy, stage, calls)
             decided = await engine.decide(state.state, stage, images=state.images, videos=state.videos)
-            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            self.metrics.usage(decided)
             cached = cached and decided.cached
             answers.update(decided.answers)
             decision = policy.walk(answers)
