@@ -10,15 +10,17 @@ Pure: reads its files and nothing else.
 
 from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
 from policies._expr import Condition, ExpressionError, compile_condition
-from policies._load import Config, load_config, parse_config
+from policies._load import Config, build_question, load_config, parse_config
 from policies._params import API_TITLES, APIS, PARAMS, ApiName, param_path
 from policies._policy import Action, Block, Decision, Policy, Route, Rule, SessionSettings, StateSettings, Step
 from policies._reference import reference_markdown
 from policies._schema import (
     CacheSettings,
     ConfigSpec,
+    DecisionsSettings,
     EmbeddedSettings,
     EngineSettings,
+    QuestionSpec,
     RemoteSettings,
     ServerSettings,
     SessionServerSettings,
@@ -39,6 +41,7 @@ __all__ = [
     "ConfigError",
     "ConfigSpec",
     "Decision",
+    "DecisionsSettings",
     "EmbeddedSettings",
     "EngineSettings",
     "EvaluationError",
@@ -47,6 +50,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyTest",
+    "QuestionSpec",
     "RemoteSettings",
     "Route",
     "Rule",
@@ -57,6 +61,7 @@ __all__ = [
     "Step",
     "TestResult",
     "UpstreamSettings",
+    "build_question",
     "compile_condition",
     "load_config",
     "param_path",

@@ -99,6 +99,27 @@ class RemoteSettings(Strict):
         return _check_env(name)
 
 
+class DecisionsSettings(Strict):
+    """A decision model behind the OpenAI Decisions API (`POST {url}/decisions`): a hosted one, or a gateway."""
+
+    url: str = Field(description="Base URL including /v1, e.g. https://api.openai.com/v1")
+    model: str = Field(min_length=1, description="The decision model's name, e.g. gpt-6-luna.")
+    api_key_env: str | None = Field(None, description="Environment variable holding the API key (a bearer token).")
+    timeout_s: float = Field(5.0, gt=0, description="Deadline of one decision (no retry; then on_engine_error).")
+    connect_timeout_s: float = Field(1.0, gt=0, description="Longest wait to connect.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        _check_url(url)
+        return url
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, name: str | None) -> str | None:
+        return _check_env(name)
+
+
 class CacheSettings(Strict):
     """The decision cache: answers kept by a digest of the model, the state and the questions (no text kept)."""
 
@@ -109,10 +130,12 @@ class CacheSettings(Strict):
 
 
 class EngineSettings(Strict):
-    """The decision engine: `embedded` (the default) or `remote`, and its cache. Changes need a restart."""
+    """The decision engine: `embedded` (the default), `remote` (vLLM servers) or `decisions` (the OpenAI Decisions
+    API), and its cache. Changes need a restart."""
 
     embedded: EmbeddedSettings | None = None
     remote: RemoteSettings | None = None
+    decisions: DecisionsSettings | None = None
     cache: CacheSettings = CacheSettings()
     max_choice_options: int = Field(
         D3_MAX_OPTIONS,
@@ -123,12 +146,18 @@ class EngineSettings(Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> EngineSettings:
-        if self.embedded is not None and self.remote is not None:
-            raise PydanticCustomError("engine_kind", "set `embedded` or `remote`, not both")
+        kinds = [name for name in ("embedded", "remote", "decisions") if getattr(self, name) is not None]
+        if len(kinds) > 1:
+            raise PydanticCustomError(
+                "engine_kind", "set one engine kind (embedded, remote or decisions), found {kinds}",
+                {"kinds": " and ".join(kinds)},
+            )  # fmt: skip
         return self
 
     @property
-    def kind(self) -> Literal["embedded", "remote"]:
+    def kind(self) -> Literal["embedded", "remote", "decisions"]:
+        if self.decisions is not None:
+            return "decisions"
         return "remote" if self.remote is not None else "embedded"
 
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from d3backend import (
     Answer,
+    Decided,
     DecisionEngine,
     EngineError,
+    EngineUnavailable,
+    JSONValue,
     Question,
     json_bytes,
 )
@@ -160,6 +163,29 @@ class RouterService:
             self._log(d3, request_id, snapshot.config)
         return d3
 
+    async def ask(
+        self, state: JSONValue, questions: Mapping[str, Question], *, images: Sequence[str] = (),
+        videos: Sequence[str] = (),
+    ) -> Decided:  # fmt: skip
+        """Questions of an application's own (`POST /v1/decisions`, `/v1/systemone`), asked of the router's engine
+        as a policy's are: through the cache and single-flight, under `server.decision_timeout_s`, in an engine span,
+        counted (cache, tokens, errors). Raises the `EngineError` (or `TimeoutError`) for the caller to answer."""
+        if self.engine is None:
+            raise EngineUnavailable("no decision engine is configured: no policy asks questions")
+        timeout_s = self.snapshot.config.server.decision_timeout_s
+        try:
+            with tracing.engine_span() as engine_span:
+                decided = await within(timeout_s, self.engine.decide(state, questions, images=images, videos=videos))
+                engine_span.set_attribute("d3.cache", "hit" if decided.cached else "miss")
+        except EngineError as exc:
+            self.metrics.engine_errors[type(exc).__name__] += 1
+            raise
+        except TimeoutError:
+            self.metrics.engine_errors["DecisionTimeout"] += 1
+            raise
+        self.metrics.usage(decided)
+        return decided
+
     async def aclose(self) -> None:
         """Cancel what runs in the background (shadow decisions still being asked) and wait for it."""
         await self.shadows.aclose()
@@ -184,14 +210,14 @@ class RouterService:
         if len(policy.stages) == 1:  # together: the one call, as before; the caller walks the rules
             self._count(policy, policy.questions, calls)
             decided = await engine.decide(state.state, policy.questions, images=state.images, videos=state.videos)
-            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            self.metrics.usage(decided)
             return None, decided.answers, decided.cached
         answers: dict[str, Answer] = {}
         cached = True
         for stage in policy.stages:
             self._count(policy, stage, calls)
             decided = await engine.decide(state.state, stage, images=state.images, videos=state.videos)
-            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            self.metrics.usage(decided)
             cached = cached and decided.cached
             answers.update(decided.answers)
             decision = policy.walk(answers)

@@ -46,6 +46,7 @@ from router._errors import (
     UpstreamFailed,
     answer,
 )
+from router._faces.decisions import serve_decisions, serve_systemone
 from router._faces.forward import Failure, Forwarder, allowed, unsafe_path
 from router._faces.lifecycle import Generation, Lifecycle
 from router._faces.parts import build_parts
@@ -83,6 +84,8 @@ class ProxyApp(Lifecycle):
             **{("POST", api.path): functools.partial(self.decided, api) for api in APIS},
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/d3/explain"): self.explain,
+            ("POST", "/v1/decisions"): functools.partial(serve_decisions, self),  # router/_faces/decisions.py
+            ("POST", "/v1/systemone"): functools.partial(serve_systemone, self),
             ("GET", "/healthz"): self.healthz,
             ("GET", "/readyz"): self.readyz,
             ("GET", "/metrics"): self.metrics,

@@ -38,7 +38,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from d3backend import CachedEngine, DecisionEngine, RemoteEngine, UrlStats
+from d3backend import CachedEngine, Decided, DecisionEngine, RemoteEngine, UrlStats
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -124,6 +124,12 @@ class Metrics:
                              ("upstream",), buckets=LATENCY_BUCKETS_S, registry=self._own)  # fmt: skip
         self.decision_seconds: _Series[str, Histogram] = _Series(decision.labels)
         self.upstream_seconds: _Series[str, Histogram] = _Series(upstream.labels)
+        self.engine_tokens: Counts[str] = self.counter(
+            "d3router_engine_tokens",
+            "Tokens of engine calls (cache hits not counted): input, of which cached (a hosted model's prompt cache), "
+            "and output.",
+            ("kind",),
+        )
         self._request_series: _Series[tuple[str, str, str, str], Counter] = _Series(
             lambda key: self._requests.labels(*key)
         )
@@ -144,6 +150,15 @@ class Metrics:
                 ("reason",),
             )
         return self._log_dropped
+
+    def usage(self, decided: Decided) -> None:
+        """Count an engine call's answer: a cache hit or miss, and, for a miss, its tokens."""
+        self.cache["hit" if decided.cached else "miss"] += 1
+        if not decided.cached:
+            usage = decided.usage
+            self.engine_tokens["input"] += usage.input_tokens
+            self.engine_tokens["cached"] += usage.cached_tokens
+            self.engine_tokens["output"] += usage.output_tokens
 
     def request(self, policy: str, rule: str, action: str, status: int) -> None:
         self._request_series[(policy, rule, action, str(status))].inc()
