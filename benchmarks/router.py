@@ -68,12 +68,13 @@ def process(
     env: dict[str, str] | None = None,
     timeout_s: float = 60.0,
     log: Path | None = None,
+    cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
     """Run `argv` until the context ends (SIGINT), once `ready_url` answers; its stdout is a pipe read as it stops,
     or, with `log`, that file with its stderr too (a chatty process must not fill a pipe nobody reads meanwhile)."""
     with log.open("w", encoding="utf-8") if log else contextlib.nullcontext() as out:
         proc = subprocess.Popen(argv, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT if out else
-                                subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})})  # fmt: skip
+                                subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})}, cwd=cwd)  # fmt: skip
     try:
         if ready_url:
             deadline = time.monotonic() + timeout_s
@@ -202,6 +203,12 @@ def main() -> None:
         action="store_true",
         help="also measure nginx and LiteLLM proxy (install: bash benchmarks/install-peers.sh)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout of the repository (e.g. `git worktree add /tmp/base HEAD~5`): its cache-hit rows "
+        "(chat, Responses, Messages) run beside this tree's, in the same turns",
+    )
     args = parser.parse_args()
     try:
         peers = _peers.Peers(Path(tempfile.gettempdir()) / f"d3-bench-peers-{os.getpid()}") if args.peers else None
@@ -243,6 +250,9 @@ def main() -> None:
             ("messages cache hit", ["router", "--engine", "cache"]),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
         ]
+        if args.baseline is not None:  # the same rows, served by the other tree's code
+            proxies += [(f"baseline tree: {name}", ["router", "--engine", "cache"])
+                        for name in ("d3router cache hit", "responses cache hit", "messages cache hit")]  # fmt: skip
         chosen = [
             (name, spec) for name, spec in proxies if picked(args.only, name) or _sessionrows.base(args.only, name)
         ]
@@ -252,7 +262,8 @@ def main() -> None:
             targets = [Target("direct", f"{upstream}/chat/completions")]
             targets += [proxy(stack, name, _sessionrows.with_redis(spec, redis), upstream, extra,
                               env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)} if "multi-process" in name else None,
-                              api=api_of(name), body=_sessionrows.body(name))
+                              api=api_of(name), body=_sessionrows.body(name),
+                              cwd=args.baseline if name.startswith("baseline tree: ") else None)
                         for name, spec in chosen]  # fmt: skip
             rows += interleaved(targets + plain_peers, levels, requests, rounds)
         rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
@@ -277,6 +288,7 @@ def main() -> None:
     columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN) if any(column in row for row in rows)]
     command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
     command += " --no-engine" * args.no_engine + " --peers" * args.peers
+    command += f" --baseline {shlex.quote(str(args.baseline))}" if args.baseline else ""
     command += "".join(f" --only {shlex.quote(part)}" for part in asked)
     table = write("router", rows, columns, command, args.results)
     if summary:
@@ -298,6 +310,7 @@ def proxy(
     stream: bool = False,
     api: str = "chat",
     body: Path | None = None,
+    cwd: Path | None = None,
 ) -> Target:
     """Start one of `benchmarks._proxy`'s proxies on `core`, until `stack` closes; then record its engine calls.
     The target sends `api`'s request (or `body`) to `api`'s endpoint. A router without `--sessions` runs with
@@ -311,7 +324,7 @@ def proxy(
 
     @contextmanager
     def running() -> Iterator[subprocess.Popen[str]]:
-        with process(argv, url, env) as proc:
+        with process(argv, url, env, cwd=cwd) as proc:
             yield proc
         for line in (proc.stdout.read() if proc.stdout else "").splitlines():  # printed as it stopped
             if line.startswith("{"):

@@ -527,6 +527,19 @@ class ServerSettings(Strict):
     """How the router serves: limits, admin access and graceful shutdown."""
 
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0, description="Larger request bodies get 413.")
+    max_concurrent_requests: int = Field(
+        512,
+        gt=0,
+        description="Requests one process serves at once; more get 503 with Retry-After (in the API's "
+        "shape) at once, before their bodies are read.",
+    )
+    max_buffered_bytes: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="Request-body bytes one process holds at once, across its requests; a "
+        "request whose body would pass it gets 503 with Retry-After. With max_body_bytes, it bounds the memory a burst "
+        "of large bodies can take (measured: benchmarks/README.md).",
+    )
     decision_timeout_s: float = Field(5.0, gt=0, description="Longest wait for the engine before on_engine_error.")
     media_hosts: list[str] = Field(
         default_factory=list,

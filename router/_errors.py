@@ -9,6 +9,7 @@ turns an error into a status, a body and headers, for the proxy and the middlewa
      |    +-- ModelNotFound    404 model_not_found (no policy or upstream serves the model for this API)
      +-- Blocked               the rule's status (403 by default) policy_violation, its code the rule's name
      +-- UpstreamFailed        502 (unreachable, broke off), 503 (no free connection; Retry-After), 504 (timed out)
+     +-- Overloaded            503 overloaded_error (server.max_concurrent_requests, max_buffered_bytes; Retry-After)
      +-- NoRoute               404 not_found_error (a path the router does not serve)
      +-- Forbidden             403 permission_error (the admin token)
 
@@ -73,6 +74,12 @@ class UpstreamFailed(RequestError):
     status_default = 502
 
 
+class Overloaded(RequestError):
+    """The process serves as many requests, or holds as many body bytes, as it may: try again shortly."""
+
+    status_default = 503
+
+
 class NoRoute(RequestError):
     status_default = 404
 
@@ -86,6 +93,7 @@ ERROR_TYPES: tuple[tuple[type[RequestError], str], ...] = (
     (BadRequest, "invalid_request_error"),
     (Blocked, "policy_violation"),
     (UpstreamFailed, "upstream_error"),
+    (Overloaded, "overloaded_error"),
     (NoRoute, "not_found_error"),
     (Forbidden, "permission_error"),
     (RequestError, "server_error"),

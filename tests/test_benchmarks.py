@@ -154,3 +154,12 @@ def test_every_api_streams_in_as_many_chunks_as_chat() -> None:
     assert {len(stream) for stream in chunks.values()} == {6}
     for stream in chunks.values():
         assert [sum(b'"t%d"' % i in chunk for i in range(5)) for chunk in stream] == [1, 1, 1, 1, 1, 0]
+
+
+def test_memory_benchmark_runs(tmp_path: Path) -> None:
+    """`benchmarks/memory.py --quick`: both rows run and every request is answered (decided 403, or bounded 503)."""
+    payload = run("benchmarks.memory", tmp_path)
+    rows = payload["rows"]
+    assert [row["target"] for row in rows] == ["bounded (defaults)", "unbounded (as before)"]  # type: ignore[index,union-attr]
+    assert all(row["other"] == 0 and row["403 (decided)"] + row["503 (bounded)"] == row["clients"]
+               for row in rows)  # type: ignore[index,union-attr]  # fmt: skip

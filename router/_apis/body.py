@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope
 
-from router._asgi.headers import header
+from router._asgi.headers import content_length, header
 from router._asgi.messages import read_body
 from router._errors import BadRequest, NotJson
 
@@ -34,7 +34,7 @@ async def read_request(scope: Scope, receive: Receive, limit: int) -> tuple[byte
     """The body of a decided request, as bytes and as a JSON object; `BadRequest` with the status to answer
     (413 over `limit`, 415 for another content type, 400 for anything but one JSON object with unique keys).
     `ClientDisconnected` passes through."""
-    raw = await read_body(receive, limit)
+    raw = await read_body(receive, limit, content_length(scope["headers"]))
     given = header(scope["headers"], b"content-type")
     content_type = "application/json" if given is None else given.decode("latin-1").split(";")[0].strip().lower()
     if content_type != "application/json":

@@ -57,3 +57,9 @@ def header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 def header_values(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> list[bytes]:
     """Every value of the header `name` in `headers`, in order (a header may be sent more than once)."""
     return [value for key, value in headers if key == name]
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The request's `content-length`, or 0 when it has none (chunked) or it is not a number."""
+    value = header(headers, b"content-length")
+    return int(value) if value is not None and value.isdigit() and len(value) < 19 else 0

@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from starlette.types import Receive, Send
 
+from router._asgi.admission import reserve
 from router._asgi.headers import Headers
-from router._errors import BodyTooLarge
+from router._errors import BodyTooLarge, Overloaded
 
 logger = logging.getLogger(__name__)
 
@@ -19,22 +20,51 @@ class ClientDisconnected(Exception):
     """The client went away before its request body was complete: there is no one left to answer."""
 
 
-async def read_body(receive: Receive, limit: int) -> bytes:
+async def read_body(receive: Receive, limit: int, expected: int = 0) -> bytes:
     """The whole request body; `BodyTooLarge` as soon as it passes `limit` bytes, `ClientDisconnected` if the
-    client leaves first."""
+    client leaves first. `expected` (its content-length) is reserved at once against the process's bound on bodies
+    held (server.max_buffered_bytes), so that a burst of large bodies is admitted whole or refused at once (503)
+    instead of every one of them stalling half-read; a body without one is reserved as it arrives."""
     chunks: list[bytes] = []
     size = 0
+    reserved = min(expected, limit + 1)
+    try:
+        reserve(reserved)
+    except Overloaded:
+        await drain(receive, limit)
+        raise
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected
         chunk = message.get("body", b"")
         size += len(chunk)
+        if size > reserved:
+            try:
+                reserve(size - reserved)
+            except Overloaded:
+                if message.get("more_body", False):
+                    await drain(receive, limit - size)
+                raise
+            reserved = size
         if size > limit:
             raise BodyTooLarge(f"the request body is over {limit} bytes (server.max_body_bytes)")
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+async def drain(receive: Receive, limit: int) -> None:
+    """Read and drop the rest of a request body (at most `limit` bytes more): a client still sending its body reads
+    the answer only once it has sent it; refused unread, it would see its connection reset instead."""
+    size = 0
+    while size <= limit:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
 
 
 def error_payload(message: str, type_: str, code: str | int | None = None, param: str | None = None) -> bytes:

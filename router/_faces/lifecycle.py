@@ -17,6 +17,7 @@ from starlette.types import Receive, Send
 
 from d3backend import EngineError
 from policies import Config, ConfigError, load_config
+from router._asgi.admission import Admission
 from router._decision.engines import start_engine
 from router._decision.service import RouterService
 from router._faces.forward import Forwarder
@@ -40,6 +41,7 @@ class Lifecycle:
     _owns_engine: bool
     _closed: bool
     _generation: Generation
+    admission: Admission
     _retiring: set[asyncio.Task[Any]]
 
     @property
@@ -166,6 +168,8 @@ class Lifecycle:
         if "server.sessions.salt_env" not in restart:
             self.sessions.settings = config.server.sessions
         pools = self.forwarder.retire(config)
+        self.admission.max_requests = config.server.max_concurrent_requests
+        self.admission.max_bytes = config.server.max_buffered_bytes
         previous, self._generation = self._generation, Generation()
         if retired_log is not None or pools:
             self._retire(previous, retired_log, pools)

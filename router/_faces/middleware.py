@@ -30,12 +30,13 @@ from d3backend import DecisionEngine
 from policies import Block, Config, load_config
 from router._apis.body import read_request
 from router._apis.registry import APIS
+from router._asgi.admission import Admission
 from router._asgi.headers import encode_headers
-from router._asgi.messages import ClientDisconnected
+from router._asgi.messages import ClientDisconnected, drain
 from router._asgi.relay import BUFFER_LIMIT
 from router._decision.engines import start_engine
 from router._decision.pick import policy_for
-from router._errors import Blocked, RequestError
+from router._errors import Blocked, Overloaded, RequestError
 from router._faces.lifecycle import open_decision_log
 from router._faces.parts import build_parts
 from router._faces.request import Decided
@@ -55,6 +56,7 @@ class D3RouterMiddleware:
         self._owns_engine = engine is None
         self.service, self.sessions = build_parts(loaded, engine, os.environ)
         self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
+        self.admission = Admission(loaded.server.max_concurrent_requests, loaded.server.max_buffered_bytes)
         self._started = False  # the engine and the decision log: opened with the lifespan, or on first use
         self._start_lock = asyncio.Lock()
 
@@ -67,14 +69,21 @@ class D3RouterMiddleware:
             await self.app(scope, receive, send)
             return
         request = Decided(scope, receive, send, api, self.service.snapshot)
-        try:
-            app_send = await self._decide(request)
-        except RequestError as exc:
-            await request.fail(exc, encode_headers(request.d3.headers()) if request.d3 is not None else None)
+        ticket = self.admission.enter()
+        if ticket is None:
+            await drain(receive, self.service.config.server.max_body_bytes)  # nothing kept: the client reads the 503
+            await request.fail(Overloaded("the router serves as many requests as it may "
+                                          "(server.max_concurrent_requests); retry shortly"))  # fmt: skip
             return
-        except ClientDisconnected:
-            return  # gone while sending its body: nothing to decide, no one to answer
-        await self.app(scope, _replay(request.raw, receive), app_send)
+        with ticket:  # the body is held until the app has answered
+            try:
+                app_send = await self._decide(request)
+            except RequestError as exc:
+                await request.fail(exc, encode_headers(request.d3.headers()) if request.d3 is not None else None)
+                return
+            except ClientDisconnected:
+                return  # gone while sending its body: nothing to decide, no one to answer
+            await self.app(scope, _replay(request.raw, receive), app_send)
 
     async def _decide(self, request: Decided) -> Send:
         """Decide `request`: the `send` the app answers through, the decision at `request.state.d3` (undecided:

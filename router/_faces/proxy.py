@@ -11,6 +11,7 @@ Also `GET /v1/models`, `POST /v1/d3/explain` (a dry run), `GET /healthz`, `GET /
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hmac
 import json
@@ -29,9 +30,10 @@ from d3backend import CachedEngine, DecisionEngine, json_bytes
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import CHAT, Api
-from router._apis.registry import APIS, detect
-from router._asgi.headers import Headers, encode_headers, header
-from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, read_body, send_bytes, send_json
+from router._apis.registry import API_BY_PATH, APIS, detect
+from router._asgi.admission import Admission
+from router._asgi.headers import Headers, content_length, encode_headers, header
+from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body, send_bytes, send_json
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.engines import Environ
 from router._decision.pick import policy_for
@@ -42,6 +44,7 @@ from router._errors import (
     Forbidden,
     ModelNotFound,
     NoRoute,
+    Overloaded,
     RequestError,
     UpstreamFailed,
     answer,
@@ -54,6 +57,8 @@ from router._faces.request import Decided
 from router._observe import logs, tracing
 
 logger = logging.getLogger(__name__)
+
+UNLIMITED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes are answered under any load
 
 
 class ProxyApp(Lifecycle):
@@ -77,6 +82,7 @@ class ProxyApp(Lifecycle):
         self.draining = False  # set on SIGTERM (router._faces.serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
         self._generation, self._retiring = Generation(), set()
+        self.admission = Admission(config.server.max_concurrent_requests, config.server.max_buffered_bytes)
         self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)
         self._background: list[Any] = []
         self.ready_error: str | None = None if self.ready else "the engine has not started"
@@ -101,15 +107,31 @@ class ProxyApp(Lifecycle):
         handler = self._routes.get((scope["method"], scope["path"]))
         info, token, send = logs.begin(scope, send)  # x-request-id on every response and log line
         generation = self.enter()
+        ticket = None if scope["path"] in UNLIMITED else self.admission.enter()
         try:
-            if handler is not None:
-                await handler(scope, receive, send)
-            elif scope["path"].startswith("/v1/"):
-                await self.passthrough(scope, receive, send)
-            else:
-                await _fail(send, NoRoute(f"no route for {scope['method']} {scope['path']}"))
+            if ticket is None and scope["path"] not in UNLIMITED:
+                api = API_BY_PATH.get(scope["path"], CHAT)  # the refusal in the API's own shape
+                self.service.metrics.request("-", "-", "overloaded", 503)
+                await drain(receive, self.config.server.max_body_bytes)  # nothing kept: the client reads the 503
+                status, body, headers = answer(
+                    Overloaded(
+                        "the router serves as many requests as it may (server.max_concurrent_requests); retry shortly"
+                    ),
+                    api,
+                )
+                await send_json(send, status, body, headers)
+                return
+            with ticket or contextlib.nullcontext():
+                if handler is not None:
+                    await handler(scope, receive, send)
+                elif scope["path"].startswith("/v1/"):
+                    await self.passthrough(scope, receive, send)
+                else:
+                    await _fail(send, NoRoute(f"no route for {scope['method']} {scope['path']}"))
         except ClientDisconnected:
             pass  # gone while sending its body: nothing was started, nothing to answer
+        except RequestError as exc:  # raised before any answer started (explain's body over the memory bound)
+            await _fail(send, exc)
         finally:
             generation.leave()
             logs.end(info, token)
@@ -216,7 +238,7 @@ class ProxyApp(Lifecycle):
             if not allowed(scope["path"], config.server.passthrough):
                 raise NoRoute(f"no route for {scope['method']} {scope['path']}; d3-router forwards only the paths "
                               "server.passthrough lists")  # fmt: skip
-            request.raw = await read_body(receive, config.server.max_body_bytes)
+            request.raw = await read_body(receive, config.server.max_body_bytes, content_length(scope["headers"]))
         except RequestError as exc:
             await request.fail(exc)
             return
