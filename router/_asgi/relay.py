@@ -32,7 +32,9 @@ async def relay(
     server closes the connection: the client sees the cut) and returns False. The upstream response is closed.
     A body read whole is given to `on_whole` before the client has it (the session of a Responses answer's id: stored
     before the client can send its next turn, perhaps to another replica)."""
-    headers = [(k, v) for k, v in response.headers.raw if k.lower() not in HOP_BY_HOP_RAW] + extra
+    raw = response.headers.raw
+    named = {token.strip().lower() for k, v in raw if k.lower() == b"connection" for token in v.split(b",")}
+    headers = [(k, v) for k, v in raw if k.lower() not in HOP_BY_HOP_RAW and k.lower() not in named] + extra
     start = {"type": "http.response.start", "status": response.status_code, "headers": headers}
     # The transport's own stream, not `aiter_raw()`: the bytes are the same, without httpx's generator, chunker and
     # error context around each chunk. The upstream response is closed as soon as its body is read, before the

@@ -83,7 +83,9 @@ class D3RouterMiddleware:
                 return
             except ClientDisconnected:
                 return  # gone while sending its body: nothing to decide, no one to answer
-            await self.app(scope, _replay(request.raw, receive), app_send)
+            # Only the router tags its decisions: a client's own x-d3-* headers never reach the app.
+            headers = [(k, v) for k, v in scope["headers"] if not k.startswith(b"x-d3-")]
+            await self.app({**scope, "headers": headers}, _replay(request.raw, receive), app_send)
 
     async def _decide(self, request: Decided) -> Send:
         """Decide `request`: the `send` the app answers through, the decision at `request.state.d3` (undecided:

@@ -158,3 +158,33 @@ def test_the_fastapi_example_mounts_the_middleware(monkeypatch: pytest.MonkeyPat
     module = importlib.import_module("examples.fastapi_app")
     middleware = module.app.user_middleware
     assert [m.cls for m in middleware] == [D3RouterMiddleware]
+
+
+async def test_the_app_never_sees_a_clients_x_d3_headers() -> None:
+    """Only the router tags its decisions: a client's own `x-d3-rule: vip` must not reach the app (as the proxy
+    drops them before an upstream). Before: the middleware passed them through."""
+    seen: list[dict[str, str]] = []
+
+    async def handler(request: Request) -> JSONResponse:
+        seen.append(dict(request.headers))
+        return JSONResponse({"ok": True})
+
+    inner = Starlette(routes=[Route("/v1/chat/completions", handler, methods=["POST"])])
+    config = parse_config(X_D3_CONFIG, "c.yaml")
+    app: Any = D3RouterMiddleware(inner, config=config, engine=FakeEngine(lambda s, q: {"jailbreak": 0.1}))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as client:
+        for model in ("auto", "gpt-4o"):  # decided, and not ours to decide
+            body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+            response = await client.post("/v1/chat/completions", json=body,
+                                         headers={"x-d3-rule": "vip", "x-kept": "1"})  # fmt: skip
+            assert response.status_code == 200
+    assert [("x-d3-rule" in headers, headers.get("x-kept")) for headers in seen] == [(False, "1"), (False, "1")]
+
+
+X_D3_CONFIG = """
+upstreams: {up: {url: http://up.test/v1}}
+policies:
+  auto:
+    questions: {jailbreak: {type: noul}}
+    rules: [{name: default, route: up}]
+"""

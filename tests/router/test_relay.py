@@ -97,3 +97,14 @@ async def test_the_upstream_response_is_closed_before_the_answer_ends(content_ty
     assert await relay(response, send, [])
     assert events.index("closed") < events.index("end")
     assert events.count("closed") == 1
+
+
+async def test_headers_the_upstreams_connection_header_names_are_dropped() -> None:
+    """RFC 9110 7.6.1: a header named in `Connection` is hop-by-hop. Before: relay dropped the fixed list only, and
+    an upstream's `Connection: x-upstream-secret` let that header through to the client."""
+    headers = [(b"content-type", b"application/json"), (b"connection", b"keep-alive, X-Upstream-Secret"),
+               (b"x-upstream-secret", b"token"), (b"x-kept", b"1")]  # fmt: skip
+    sent, body = await relayed(httpx.Response(200, headers=headers, content=b"{}"))
+    names = [name.lower() for name, _ in sent[0]["headers"]]
+    assert b"x-upstream-secret" not in names and b"connection" not in names
+    assert b"x-kept" in names and body == b"{}"
