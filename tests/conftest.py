@@ -14,7 +14,7 @@ import pytest
 
 from d3backend import ServerError, VllmServer, make_model
 
-pytest_plugins = ["tests._skip_guard"]
+pytest_plugins = ["tests._skip_guard", "tests._leaks"]
 
 SERVED_MODEL = "d3-tiny"
 
