@@ -6,7 +6,9 @@ How a test is checked:
 1. A snapshot is taken when its setup starts and again when its teardown (its function-scoped fixtures included)
    has ended; what the second has and the first had not is a leak.
 2. Fixtures of a wider scope (the session's `vllm_server`, a module's router process) hold resources across tests
-   by design: what appears while one of them is set up is owned by it until it is finalized, and never a leak.
+   by design: what appears while one of them is set up is owned by it until it is finalized, and never a leak. So
+   is a connection accepted by a listening socket it owns, during a test (a module's upstream that the router it
+   serves keeps a connection to); the client's end, if the test made it, still counts.
 3. At the check, `gc.collect()` runs with `ResourceWarning` as an error: an unclosed socket or subprocess in a
    reference cycle is attributed to the test that dropped it, not to whichever later test the collector ran in.
    So is an asyncio task destroyed while pending (logged by asyncio, not warned). Then `gc.freeze()`: the next
@@ -20,6 +22,9 @@ How a test is checked:
    actually exit. No thread is exempt by name: a pool that outlives its test is a leak of that test, and one meant
    to last the session belongs in a session-scoped fixture (rule 2).
 5. A child process counts until it is reaped: one killed but never waited for (a zombie) is a leak too.
+6. What a library makes once per process and keeps until the process exits is nobody's leak: libuv's signal pipe
+   is made before the first test (uvloop's first loop makes it); multiprocessing's resource tracker (a process and
+   its pipe, started by the first use of multiprocessing's spawn, here vLLM's) is recognised by its pid and fd.
 
 Linux only for descriptors and processes (read from /proc); elsewhere only threads and tasks are checked.
 Loaded by tests/conftest.py; `python -m pytest -p tests._leaks` loads it anywhere.
@@ -178,10 +183,14 @@ class LeakCheck:
 
     def check(self, item: pytest.Item, before: Snapshot) -> None:
         unraisable = _collect_garbage()
-        leaked = snapshot().minus(before).minus(self.owned_now())
+        owned = self.owned_now()
+        leaked = _without_process_wide(snapshot().minus(before).minus(owned))
         if leaked.threads:
             leaked = _after_stopping_threads(leaked)
-        lines = [*unraisable, *self.asyncio_errors.seen, *_describe(leaked)]
+        sockets = _sockets() if any(target.startswith("socket:") for _, target in leaked.fds) else {}
+        if sockets:
+            leaked = _without_accepted_by(owned, leaked, sockets)
+        lines = [*unraisable, *self.asyncio_errors.seen, *_describe(leaked, sockets)]
         self.asyncio_errors.seen.clear()
         if lines:
             pytest.fail(
@@ -210,6 +219,33 @@ def _collect_garbage() -> list[str]:
     return seen
 
 
+def _without_process_wide(leaked: Snapshot) -> Snapshot:
+    """Less multiprocessing's resource tracker and its pipe: started on first use, it lasts until the interpreter
+    exits (one per process, by design), so it is nobody's leak."""
+    module = sys.modules.get("multiprocessing.resource_tracker")
+    tracker = getattr(module, "_resource_tracker", None)
+    pid, fd = getattr(tracker, "_pid", None), getattr(tracker, "_fd", None)
+    if pid is None and fd is None:
+        return leaked
+    return Snapshot(
+        frozenset(entry for entry in leaked.fds if entry[0] != fd),
+        leaked.threads,
+        frozenset(entry for entry in leaked.processes if entry[0] != pid),
+        leaked.tasks,
+    )
+
+
+def _without_accepted_by(owned: Snapshot, leaked: Snapshot, sockets: dict[str, _Socket]) -> Snapshot:
+    """Less the connections accepted by a server of a wider-scoped fixture (a module's upstream kept alive by the
+    router it serves): they are that server's, as its listening socket is. The client's end, if it is in this
+    process, still counts."""
+    servers = {sockets[target].port for _, target in owned.fds if target in sockets and sockets[target].listening}
+    kept = frozenset(
+        (fd, target) for fd, target in leaked.fds if target not in sockets or sockets[target].port not in servers
+    )
+    return Snapshot(kept, leaked.threads, leaked.processes, leaked.tasks)
+
+
 def _after_stopping_threads(leaked: Snapshot) -> Snapshot:
     deadline = time.monotonic() + THREAD_GRACE_S
     for thread in leaked.threads:
@@ -217,8 +253,7 @@ def _after_stopping_threads(leaked: Snapshot) -> Snapshot:
     return Snapshot(leaked.fds, frozenset(t for t in leaked.threads if t.is_alive()), leaked.processes, leaked.tasks)
 
 
-def _describe(leaked: Snapshot) -> list[str]:
-    sockets = _socket_addresses() if any(target.startswith("socket:") for _, target in leaked.fds) else {}
+def _describe(leaked: Snapshot, sockets: dict[str, _Socket]) -> list[str]:
     lines = [f"fd {fd} -> {target}{sockets.get(target, '')}" for fd, target in sorted(leaked.fds)]
     lines += [f"thread {t.name!r} ({'daemon' if t.daemon else 'not daemon'})" for t in leaked.threads]
     lines += [f"process {pid} ({_state(pid)}): {_cmdline(pid)}" for pid, _ in sorted(leaked.processes)]
@@ -226,24 +261,39 @@ def _describe(leaked: Snapshot) -> list[str]:
     return lines
 
 
-def _socket_addresses() -> dict[str, str]:
-    """`socket:[inode]` -> ` (tcp 127.0.0.1:8000 -> 127.0.0.1:51234)`, from /proc/net (proc(5))."""
-    found: dict[str, str] = {}
+@dataclass(frozen=True)
+class _Socket:
+    kind: str  # tcp, tcp6, udp, udp6, unix
+    local: str
+    remote: str
+    listening: bool
+
+    @property
+    def port(self) -> tuple[str, str]:
+        return self.kind, self.local.rpartition(":")[2]
+
+    def __str__(self) -> str:
+        return f" ({self.kind} {self.local} -> {self.remote})" if self.remote else f" ({self.kind} {self.local})"
+
+
+def _sockets() -> dict[str, _Socket]:
+    """`socket:[inode]` -> where it is bound and connected, from /proc/net (proc(5))."""
+    found: dict[str, _Socket] = {}
     for kind in ("tcp", "tcp6", "udp", "udp6"):
         try:
             rows = (PROC / "net" / kind).read_text().splitlines()[1:]
         except OSError:
             continue
         for row in rows:
-            cols = row.split()
-            found[f"socket:[{cols[9]}]"] = f" ({kind} {_address(cols[1])} -> {_address(cols[2])})"
+            cols = row.split()  # sl, local, remote, state (0A: LISTEN), ..., inode
+            found[f"socket:[{cols[9]}]"] = _Socket(kind, _address(cols[1]), _address(cols[2]), cols[3] == "0A")
     try:
         rows = (PROC / "net" / "unix").read_text().splitlines()[1:]
     except OSError:
         rows = []
     for row in rows:
-        cols = row.split()
-        found[f"socket:[{cols[6]}]"] = f" (unix {cols[7] if len(cols) > 7 else 'unnamed'})"
+        cols = row.split()  # num, refcount, protocol, flags, type, state, inode, path
+        found[f"socket:[{cols[6]}]"] = _Socket("unix", cols[7] if len(cols) > 7 else "unnamed", "", False)
     return found
 
 
@@ -271,7 +321,18 @@ def _cmdline(pid: int) -> str:
     return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part) or "?"
 
 
+def _make_process_wide_singletons() -> None:
+    """Make now what a library makes once per process, on first use, and keeps until the process exits: it is
+    then in every test's first snapshot, not a leak of whichever test happened to run first."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    uvloop.new_event_loop().close()  # libuv's signal-lock pipe, made by the first loop (uv__signal_global_once_init)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _make_process_wide_singletons()
     check = LeakCheck()
     config.pluginmanager.register(check, "d3-leak-check")
     logging.getLogger("asyncio").addHandler(check.asyncio_errors)

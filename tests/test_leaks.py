@@ -27,9 +27,26 @@ TASKS = []
 STOP = threading.Event()
 
 
+class Server:
+    # a listening socket that keeps the connections it accepts, as a server keeping them alive would
+
+    def __init__(self):
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.accepted = []
+
+    def connect(self):
+        client = socket.create_connection(self.socket.getsockname())
+        self.accepted.append(self.socket.accept()[0])
+        return client
+
+    def close(self):
+        for connection in [*self.accepted, self.socket]:
+            connection.close()
+
+
 @pytest.fixture(scope="module")
-def listening():  # held across the module's tests by design: never a leak
-    server = socket.create_server(("127.0.0.1", 0))
+def listening():  # held across the module's tests by design, with what it accepts: never a leak
+    server = Server()
     yield server
     server.close()
 
@@ -82,7 +99,12 @@ def test_leaks_task():
 
 
 def test_uses_module_fixture_2(listening):
-    pass
+    with listening.connect():
+        pass
+
+
+def test_leaks_connection_to_module_fixture(listening):  # the client's end is the test's
+    HELD.append(listening.connect())
 
 
 def release():
@@ -115,6 +137,7 @@ EXPECTED = {  # test -> what its report names
     "test_leaks_thread": r"thread 'leaky-thread' \(daemon\)",
     "test_leaks_process": r"process \d+ \(running\): \S*python\S* -c import time; time\.sleep\(60\)",
     "test_leaks_task": r"asyncio task <Task pending name='leaky-task'",
+    "test_leaks_connection_to_module_fixture": r"fd \d+ -> socket:\[\d+\] \(tcp 127\.0\.0\.1:\d+ -> 127\.0\.0\.1:\d+\)",
 }
 
 
@@ -131,12 +154,17 @@ def run(tmp_path: Path) -> tuple[int, str]:
     return completed.returncode, completed.stdout + completed.stderr
 
 
+def report(output: str, test: str) -> str:
+    return output.split(f"test_leaky.py::{test} left behind")[1].split("ERROR ")[0]
+
+
 def test_each_leak_fails_its_own_test_named_with_what_it_left(tmp_path: Path) -> None:
     code, output = run(tmp_path)
     assert code == 1, output
     failed = set(re.findall(r"^ERROR test_leaky\.py::(\w+)", output, re.MULTILINE))
     assert failed == set(EXPECTED), output
     for test, leaked in EXPECTED.items():
-        report = output.split(f"test_leaky.py::{test} left behind")[1].split("ERROR ")[0]
-        assert re.search(leaked, report), (test, output)
-    assert f"10 passed, {len(EXPECTED)} errors in" in output, output
+        assert re.search(leaked, report(output, test)), (test, output)
+    # the client's end only: the end the module's server accepted is the server's
+    assert report(output, "test_leaks_connection_to_module_fixture").count(" fd ") == 1, output
+    assert f"11 passed, {len(EXPECTED)} errors in" in output, output
