@@ -25,6 +25,8 @@ How a test is checked:
 6. What a library makes once per process and keeps until the process exits is nobody's leak: libuv's signal pipe
    is made before the first test (uvloop's first loop makes it); multiprocessing's resource tracker (a process and
    its pipe, started by the first use of multiprocessing's spawn, here vLLM's) is recognised by its pid and fd.
+   Descriptors a block of a test knowingly leaves to the process's exit are declared with `lives_until_exit(why)`
+   (one use: vLLM in-process, tests/d3backend/test_engine_real.py); processes and threads cannot be declared so.
 
 Linux only for descriptors and processes (read from /proc); elsewhere only threads and tasks are checked.
 Loaded by tests/conftest.py; `python -m pytest -p tests._leaks` loads it anywhere.
@@ -41,7 +43,8 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,6 +52,24 @@ import pytest
 
 THREAD_GRACE_S = 2.0
 PROC = Path("/proc")
+_UNTIL_EXIT: set[tuple[int, str]] = set()  # descriptors declared by `lives_until_exit`
+
+
+@contextmanager
+def lives_until_exit(why: str) -> Iterator[None]:
+    """The descriptors opened in this block and still open at its end stay open until the process exits, for the
+    reason `why` (which names who keeps them): none of them is a leak of the test. Processes and threads still are.
+
+        with lives_until_exit("vLLM keeps its first in-process engine's zmq context until exit"):
+            async with EmbeddedEngine(...) as engine: ...
+    """
+    if not why:
+        raise ValueError("lives_until_exit() needs the reason: who keeps the descriptors, and why")
+    before = set(_fds())
+    try:
+        yield
+    finally:
+        _UNTIL_EXIT.update(set(_fds()) - before)
 
 
 @dataclass(frozen=True)
@@ -220,15 +241,13 @@ def _collect_garbage() -> list[str]:
 
 
 def _without_process_wide(leaked: Snapshot) -> Snapshot:
-    """Less multiprocessing's resource tracker and its pipe: started on first use, it lasts until the interpreter
-    exits (one per process, by design), so it is nobody's leak."""
+    """Less multiprocessing's resource tracker and its pipe (started on first use, it lasts until the interpreter
+    exits: one per process, by design) and the descriptors declared by `lives_until_exit`."""
     module = sys.modules.get("multiprocessing.resource_tracker")
     tracker = getattr(module, "_resource_tracker", None)
     pid, fd = getattr(tracker, "_pid", None), getattr(tracker, "_fd", None)
-    if pid is None and fd is None:
-        return leaked
     return Snapshot(
-        frozenset(entry for entry in leaked.fds if entry[0] != fd),
+        frozenset(entry for entry in leaked.fds if entry[0] != fd and entry not in _UNTIL_EXIT),
         leaked.threads,
         frozenset(entry for entry in leaked.processes if entry[0] != pid),
         leaked.tasks,

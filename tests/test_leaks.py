@@ -22,6 +22,8 @@ import time
 
 import pytest
 
+from tests._leaks import lives_until_exit
+
 HELD = []  # released by conftest.py at the session's end, after every check
 TASKS = []
 STOP = threading.Event()
@@ -86,6 +88,11 @@ def test_leaks_thread():
 
 def test_thread_stopping():  # ends a moment after its test: waited for, not a leak
     threading.Thread(target=time.sleep, args=(0.2,), name="stopping-thread").start()
+
+
+def test_declares_what_lives_until_exit():
+    with lives_until_exit("this suite's conftest.py closes it at the session's end"):
+        HELD.append(open(__file__))
 
 
 def test_leaks_process():
@@ -167,4 +174,4 @@ def test_each_leak_fails_its_own_test_named_with_what_it_left(tmp_path: Path) ->
         assert re.search(leaked, report(output, test)), (test, output)
     # the client's end only: the end the module's server accepted is the server's
     assert report(output, "test_leaks_connection_to_module_fixture").count(" fd ") == 1, output
-    assert f"11 passed, {len(EXPECTED)} errors in" in output, output
+    assert f"12 passed, {len(EXPECTED)} errors in" in output, output
