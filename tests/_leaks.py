@@ -12,11 +12,12 @@ How a test is checked:
 3. At the check, `gc.collect()` runs with `ResourceWarning` as an error: an unclosed socket or subprocess in a
    reference cycle is attributed to the test that dropped it, not to whichever later test the collector ran in.
    So is an asyncio task destroyed while pending (logged by asyncio, not warned). Then `gc.freeze()`: the next
-   check's collection walks only what was allocated since, about 1 ms instead of 40-200 ms for the whole heap of a
-   suite that has imported vLLM (x 1,300 tests). The cost: garbage in a cycle with an object older than the test
-   that made it is kept until the session ends, where the plugin unfreezes and pytest's final collection runs
-   (its `ResourceWarning`, if any, fails the session). Within a test, `gc.collect()` behaves as usual for what it
-   made itself.
+   check's collection walks only what was allocated since, well under 1 ms, instead of the whole heap (measured:
+   37 ms for the 82,000 objects of the three packages imported, more once vLLM is, x 1,300 tests); the whole check
+   costs about 2.5 ms a test (tests/policies: 280 tests, 0.7 s). The price: garbage in a cycle with an object older
+   than the test that made it is kept until the session ends, where the plugin unfreezes and pytest's final
+   collection runs (its `ResourceWarning`, if any, fails the session). Within a test, `gc.collect()` behaves as
+   usual for what the test made itself.
 4. A thread that is new but already stopping is waited for up to `THREAD_GRACE_S`: anyio's worker threads (and
    asyncio's executor threads) are told to stop when their event loop's root task ends, a moment before they
    actually exit. No thread is exempt by name: a pool that outlives its test is a leak of that test, and one meant
