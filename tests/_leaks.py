@@ -142,9 +142,9 @@ def _stat(pid: str) -> list[str] | None:
 
 
 def _tasks() -> Iterable[asyncio.Task[object]]:
-    registry = getattr(asyncio.tasks, "_scheduled_tasks", None)  # Python 3.12 and 3.13
-    if registry is None:
-        registry = getattr(asyncio.tasks, "_all_tasks", ())  # Python 3.11
+    # asyncio's weak registry of every task: `_scheduled_tasks` on Python 3.12 and 3.13, `_all_tasks` on 3.11
+    name = "_scheduled_tasks" if hasattr(asyncio.tasks, "_scheduled_tasks") else "_all_tasks"
+    registry: Iterable[asyncio.Task[object]] = getattr(asyncio.tasks, name, ())
     return (task for task in list(registry) if not task.done())
 
 
