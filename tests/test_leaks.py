@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 LEAKY = """
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -99,6 +100,12 @@ def test_leaks_process():
     HELD.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
 
 
+def test_leaves_a_zombie():  # exited, never waited for
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)  # until it has exited, without reaping it
+    HELD.append(process)
+
+
 def test_leaks_task():
     loop = asyncio.new_event_loop()
     HELD.append(loop)
@@ -143,6 +150,7 @@ EXPECTED = {  # test -> what its report names
     "test_leaks_socket_in_fixture": r"fd \d+ -> socket:\[\d+\]",
     "test_leaks_thread": r"thread 'leaky-thread' \(daemon\)",
     "test_leaks_process": r"process \d+ \(running\): \S*python\S* -c import time; time\.sleep\(60\)",
+    "test_leaves_a_zombie": r"process \d+ \(exited, never waited for\): ",
     "test_leaks_task": r"asyncio task <Task pending name='leaky-task'",
     "test_leaks_connection_to_module_fixture": r"fd \d+ -> socket:\[\d+\] \(tcp 127\.0\.0\.1:\d+ -> 127\.0\.0\.1:\d+\)",
 }
@@ -174,4 +182,4 @@ def test_each_leak_fails_its_own_test_named_with_what_it_left(tmp_path: Path) ->
         assert re.search(leaked, report(output, test)), (test, output)
     # the client's end only: the end the module's server accepted is the server's
     assert report(output, "test_leaks_connection_to_module_fixture").count(" fd ") == 1, output
-    assert f"12 passed, {len(EXPECTED)} errors in" in output, output
+    assert f"{LEAKY.count(chr(10) + 'def test_')} passed, {len(EXPECTED)} errors in" in output, output  # calls pass
