@@ -1,7 +1,8 @@
 """Shared fixtures: the locally built model and a real vLLM server serving it (tests marked `engine`).
 
 In CI (`CI` set), any skipped test fails the run, the real-engine tests listed on their own; only tests marked `gpu`
-may skip, counted apart (tests/_skip_guard.py).
+may skip, counted apart (tests/_skip_guard.py). A test that leaves a descriptor, thread, asyncio task or child
+process behind fails at its own teardown (tests/_leaks.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from d3backend import ServerError, VllmServer, make_model
 
-pytest_plugins = ["tests._skip_guard"]
+pytest_plugins = ["tests._skip_guard", "tests._leaks"]
 
 SERVED_MODEL = "d3-tiny"
 

@@ -74,12 +74,15 @@ policies:
         log.close()
 
 
-def client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+@pytest.fixture
+def sdk(router_url: str) -> Iterator[openai.OpenAI]:
+    """The official OpenAI client, closed after its test (its pooled connections with it)."""
+    with openai.OpenAI(base_url=f"{router_url}/v1", api_key="unused", max_retries=0) as client:
+        yield client
 
 
-def test_routed_completion_with_headers(router_url: str) -> None:
-    raw = client(router_url).chat.completions.with_raw_response.create(
+def test_routed_completion_with_headers(sdk: openai.OpenAI) -> None:
+    raw = sdk.chat.completions.with_raw_response.create(
         model="auto", messages=[{"role": "user", "content": "Write a function that reverses a string."}]
     )
     completion = raw.parse()
@@ -92,8 +95,8 @@ def test_routed_completion_with_headers(router_url: str) -> None:
     assert headers["x-team"] == "platform"
 
 
-def test_routed_stream(router_url: str) -> None:
-    stream = client(router_url).chat.completions.create(
+def test_routed_stream(sdk: openai.OpenAI) -> None:
+    stream = sdk.chat.completions.create(
         model="auto", stream=True, messages=[{"role": "user", "content": "Say something."}]
     )
     chunks = list(stream)
@@ -104,38 +107,42 @@ def test_routed_stream(router_url: str) -> None:
     assert headers["content-type"].startswith("text/event-stream")
 
 
-def test_completions_api(router_url: str) -> None:
-    raw = client(router_url).completions.with_raw_response.create(model="auto", prompt="Once upon a time")
+def test_completions_api(sdk: openai.OpenAI) -> None:
+    raw = sdk.completions.with_raw_response.create(model="auto", prompt="Once upon a time")
     completion = raw.parse()
     assert completion.object == "text_completion" and completion.model == SERVED_MODEL
     assert completion.usage is not None and completion.usage.completion_tokens <= 8
     assert raw.headers["x-d3-rule"] == "any-kind"
-    chunks = list(client(router_url).completions.create(model="auto", prompt="Once", stream=True))
+    chunks = list(sdk.completions.create(model="auto", prompt="Once", stream=True))
     assert chunks and chunks[-1].choices[0].finish_reason in ("length", "stop")
     with pytest.raises(openai.PermissionDeniedError):
-        client(router_url).completions.create(model="guarded", prompt="hi")
+        sdk.completions.create(model="guarded", prompt="hi")
 
 
-def test_responses_api(router_url: str) -> None:
-    raw = client(router_url).responses.with_raw_response.create(
+def test_responses_api(sdk: openai.OpenAI) -> None:
+    raw = sdk.responses.with_raw_response.create(
         model="auto", instructions="Be brief.", input=[{"role": "user", "content": "Write a sort in C."}]
     )
     response = raw.parse()
     assert response.object == "response" and response.model == SERVED_MODEL
     assert response.usage is not None and response.usage.output_tokens <= 8  # max_tokens as max_output_tokens
     assert (raw.headers["x-d3-rule"], raw.headers["x-d3-upstream"]) == ("any-kind", "local")
-    with client(router_url).responses.stream(model="auto", input="Say something.") as stream:
+    with sdk.responses.stream(model="auto", input="Say something.") as stream:
         events = [event.type for event in stream]
         final = stream.get_final_response()
     assert events[0] == "response.created" and events[-1] in ("response.completed", "response.incomplete")
     assert final.output_text is not None
     with pytest.raises(openai.PermissionDeniedError) as info:
-        client(router_url).responses.create(model="guarded", input="hi")
+        sdk.responses.create(model="guarded", input="hi")
     assert info.value.response.headers["x-d3-rule"] == "refuse"
 
 
 def test_messages_api_with_the_anthropic_sdk(router_url: str) -> None:
-    claude = anthropic.Anthropic(base_url=router_url, api_key="unused", max_retries=0)
+    with anthropic.Anthropic(base_url=router_url, api_key="unused", max_retries=0) as claude:
+        check_messages_api(claude)
+
+
+def check_messages_api(claude: anthropic.Anthropic) -> None:
     raw = claude.messages.with_raw_response.create(
         model="auto", max_tokens=64, system="Be brief.", messages=[{"role": "user", "content": "Fix my loop."}]
     )
@@ -157,9 +164,9 @@ def test_messages_api_with_the_anthropic_sdk(router_url: str) -> None:
             list(s)
 
 
-def test_blocked_request(router_url: str) -> None:
+def test_blocked_request(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.PermissionDeniedError) as info:
-        client(router_url).chat.completions.create(model="guarded", messages=[{"role": "user", "content": "hi"}])
+        sdk.chat.completions.create(model="guarded", messages=[{"role": "user", "content": "hi"}])
     assert info.value.status_code == 403
     assert info.value.body == {
         "message": "Refused by policy.",
@@ -170,9 +177,7 @@ def test_blocked_request(router_url: str) -> None:
     assert info.value.response.headers["x-d3-action"] == "block"
 
 
-def test_blocked_stream_and_models(router_url: str) -> None:
+def test_blocked_stream_and_models(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.PermissionDeniedError):
-        client(router_url).chat.completions.create(
-            model="guarded", stream=True, messages=[{"role": "user", "content": "hi"}]
-        )
-    assert [model.id for model in client(router_url).models.list()] == ["auto", "guarded", SERVED_MODEL]
+        sdk.chat.completions.create(model="guarded", stream=True, messages=[{"role": "user", "content": "hi"}])
+    assert [model.id for model in sdk.models.list()] == ["auto", "guarded", SERVED_MODEL]

@@ -79,12 +79,15 @@ class SlowStreamingUpstream:
 
 
 class Served:
-    """An ASGI app under uvicorn in a thread, on a free loopback port."""
+    """An ASGI app under uvicorn in a thread, on a free loopback port. On exit, requests still running after
+    `GRACE_S` (an upstream told to hang) are cancelled, so the server and its thread are gone when its test ends."""
+
+    GRACE_S = 2.0
 
     def __init__(self, app: Any) -> None:
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))  # fmt: skip
+                                                    lifespan="on", timeout_graceful_shutdown=self.GRACE_S))  # fmt: skip
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> Served:
@@ -99,6 +102,8 @@ class Served:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+        if self.thread.is_alive():
+            raise RuntimeError(f"the test server on port {self.port} did not stop within 10 s")
 
     @property
     def url(self) -> str:
