@@ -17,6 +17,7 @@ from d3backend import EngineError
 from policies import Config, ConfigError, load_config
 from router._decision.engines import start_engine
 from router._decision.service import RouterService
+from router._faces.auth import Access
 from router._faces.forward import Forwarder
 from router._sessions.session import Sessions
 
@@ -33,6 +34,9 @@ class Lifecycle:
     ready_error: str | None
     on_startup: list[Callable[[], Any]]
     _background: list[Any]
+    access: Access
+    clock: Callable[[], float]
+    _probed_at: float | None
     _owns_engine: bool
     _closed: bool
 
@@ -61,6 +65,7 @@ class Lifecycle:
         self._open_decision_log()
         if self.service.engine is not None:
             await start_engine(self.service.engine)
+            self._probed_at = self.clock()
             await self.check_engine()
         self._background = [hook() for hook in self.on_startup]
         self._background.append(self.service.metrics.follow_engine_pool(self.service.engine))
@@ -124,6 +129,7 @@ class Lifecycle:
         file = old.file
         try:
             config = load_config(file)
+            self.access.reload(config)  # the keys file too; a broken one keeps the running keys and configuration
             self.service.swap(config)
         except (ConfigError, RuntimeError) as exc:
             logger.error("reload of %s failed, keeping the running configuration:\n%s", file, exc)

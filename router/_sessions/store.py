@@ -108,6 +108,7 @@ class RedisStore:
         self._redis = Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=64, decode_responses=True
         )
+        self._scripts: dict[str, Any] = {}
         self._down_until = 0.0  # monotonic time before which Redis is not tried
         self._down = False
         self.errors: Counts[str] = metrics.counter(
@@ -150,6 +151,14 @@ class RedisStore:
 
     async def _put(self, op: str, key: str, value: str, ttl_s: float) -> None:
         await self._call(op, lambda: self._redis.set(key, value, px=_ms(ttl_s)))
+
+    async def run(self, op: str, script: str, keys: list[str], args: list[str]) -> tuple[bool, Any]:
+        """Run a Lua `script` in one round trip (EVALSHA; the script is loaded once), through `_call`: (False,
+        None) when Redis is slow or down."""
+        registered = self._scripts.get(script)
+        if registered is None:
+            registered = self._scripts[script] = self._redis.register_script(script)
+        return await self._call(op, lambda: registered(keys=keys, args=args))
 
     async def _call(self, op: str, call: Callable[[], Awaitable[Any]]) -> tuple[bool, Any]:
         """(True, Redis's answer to `call()`), or (False, None) when Redis is left alone after a failure or fails now
