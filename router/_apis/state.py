@@ -154,7 +154,7 @@ def _host(url: str) -> str:
         parsed = (urlsplit(url).hostname or "").lower() if match else None
     except ValueError:
         parsed = None
-    if match is None or parsed != match.group(1).lower().strip("[]"):
+    if match is None or parsed is None or parsed != match.group(1).lower().strip("[]"):
         raise BadRequest(
             "a media URL holds userinfo, a backslash, a space, a non-ASCII character or a host URL parsers read "
             "differently; send a plain http(s)://host/path URL or a data URL",
