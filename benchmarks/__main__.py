@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-MODULES = ("benchmarks.policy", "benchmarks.engine", "benchmarks.router")
+MODULES = ("benchmarks.policy", "benchmarks.engine", "benchmarks.decisions", "benchmarks.router")
 
 if __name__ == "__main__":
     for module in MODULES:

@@ -39,6 +39,10 @@ class Metrics:
     def request(self, policy: str, rule: str, action: str, status: int) -> None:
         self.requests[(policy, rule, action, str(status))] += 1
 
+    def usage(self, decided: Any) -> None:
+        """As the router counts an engine call today (the hit or miss; tokens were not counted before)."""
+        self.cache["hit" if decided.cached else "miss"] += 1
+
     def engine_pool(self, engine: object) -> None:
         """The per engine URL series came later (issue 14.5): not shown here."""
 

@@ -5,16 +5,21 @@
         decided.answers["kind"].choice      # "code"
 
 Engines: `RemoteEngine` (vLLM servers over HTTP), `EmbeddedEngine` (vLLM inside this process),
+`DecisionsEngine` (any decision model behind the OpenAI Decisions API),
 `CachedEngine` (a cache with single-flight in front of either), `FakeEngine` (a table, for tests).
 """
 
 from d3backend._answers import answer_from
 from d3backend._cache import CachedEngine, CacheStats, cache_key
+from d3backend._decisions import PROMPT_CACHE_KEY, DecisionsEngine
+from d3backend._decisions_wire import answer_item, decision_input, decisions_request, parse_decision, usage_json
 from d3backend._embedded import EmbeddedEngine
 from d3backend._errors import (
     EngineBadAnswer,
     EngineBadResponse,
     EngineError,
+    EngineRateLimited,
+    EngineRefused,
     EngineRejected,
     EngineTimeout,
     EngineUnavailable,
@@ -43,7 +48,7 @@ from d3backend._types import (
     ScoreAnswer,
     Usage,
 )
-from d3backend._wire import JSONValue, json_bytes
+from d3backend._wire import JSONValue, answer_wire, json_bytes
 
 __all__ = [
     "D3_MAX_OPTIONS",
@@ -52,6 +57,7 @@ __all__ = [
     "MAX_QUESTIONS",
     "MAX_SCORE_LEVELS",
     "MIN_SCORE_LEVELS",
+    "PROMPT_CACHE_KEY",
     "Answer",
     "CacheStats",
     "CachedEngine",
@@ -59,10 +65,13 @@ __all__ = [
     "ChoiceAnswer",
     "Decided",
     "DecisionEngine",
+    "DecisionsEngine",
     "EmbeddedEngine",
     "EngineBadAnswer",
     "EngineBadResponse",
     "EngineError",
+    "EngineRateLimited",
+    "EngineRefused",
     "EngineRejected",
     "EngineTimeout",
     "EngineUnavailable",
@@ -80,7 +89,11 @@ __all__ = [
     "Usage",
     "VllmServer",
     "answer_from",
+    "answer_item",
+    "answer_wire",
     "cache_key",
+    "decision_input",
+    "decisions_request",
     "decode_decided",
     "encode_decided",
     "free_port",
@@ -89,5 +102,7 @@ __all__ = [
     "make_model",
     "make_transport",
     "outbound_request",
+    "parse_decision",
     "redact_url",
+    "usage_json",
 ]

@@ -129,8 +129,12 @@ Answer = ChoiceAnswer | NoulAnswer | ScoreAnswer
 
 @dataclass(frozen=True, slots=True)
 class Usage:
+    """Tokens an engine call read and wrote; `cached_tokens` are input tokens a hosted model read from its prompt
+    cache (a Decisions engine's `input_tokens_details.cached_tokens`; d3 on vLLM has no prefix cache: 0)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class Decided(NamedTuple):

@@ -181,3 +181,21 @@ def error_message(status: int, raw: bytes) -> str:
         message = text or f"HTTP {status} with an empty body"
     text = message if isinstance(message, str) else json.dumps(message, ensure_ascii=False)
     return text if len(message) <= MAX_ERROR_MESSAGE else text[: MAX_ERROR_MESSAGE - 3] + "..."
+
+
+def answer_wire(answer: Answer) -> dict[str, Any]:
+    """One answer as a `/v1/systemone` response writes it (SYSTEMONE.md): what the router's own `/v1/systemone`
+    serves, and what `parse_response` reads back to the same answer."""
+    if isinstance(answer, ChoiceAnswer):
+        return {"type": "choice", "choice": answer.choice, "probabilities": dict(answer.probabilities),
+                "confidence": answer.confidence}  # fmt: skip
+    if isinstance(answer, NoulAnswer):
+        return {"type": "noul", "noul": answer.noul, "probabilities": dict(answer.probabilities),
+                "confidence": answer.confidence}  # fmt: skip
+    return {
+        "type": "score",
+        "score": answer.score,
+        "legend": {str(index): label for index, label in enumerate(answer.legend)},
+        "probabilities": {str(index): p for index, p in enumerate(answer.probabilities)},
+        "confidence": answer.confidence,
+    }

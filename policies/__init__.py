@@ -12,15 +12,17 @@ from policies._access import AuthSettings, ClientKeySpec, GroupSpec, RateSpec
 from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
 from policies._expr import Condition, ExpressionError, compile_condition
 from policies._keys import load_keys
-from policies._load import Config, load_config, parse_config
+from policies._load import Config, build_question, load_config, parse_config
 from policies._params import API_TITLES, APIS, PARAMS, ApiName, param_path
 from policies._policy import Action, Block, Decision, Policy, Route, Rule, SessionSettings, StateSettings, Step
 from policies._reference import reference_markdown
 from policies._schema import (
     CacheSettings,
     ConfigSpec,
+    DecisionsSettings,
     EmbeddedSettings,
     EngineSettings,
+    QuestionSpec,
     RemoteSettings,
     ServerSettings,
     SessionServerSettings,
@@ -43,6 +45,7 @@ __all__ = [
     "ConfigError",
     "ConfigSpec",
     "Decision",
+    "DecisionsSettings",
     "EmbeddedSettings",
     "EngineSettings",
     "EvaluationError",
@@ -52,6 +55,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyTest",
+    "QuestionSpec",
     "RateSpec",
     "RemoteSettings",
     "Route",
@@ -63,6 +67,7 @@ __all__ = [
     "Step",
     "TestResult",
     "UpstreamSettings",
+    "build_question",
     "compile_condition",
     "load_config",
     "load_keys",

@@ -25,6 +25,7 @@ from policies._schema import (
     ActionSpec,
     ConfigSpec,
     EngineSettings,
+    NoulSpec,
     PolicySpec,
     QuestionSpec,
     ScoreSpec,
@@ -244,11 +245,8 @@ class _Compiler:
                 )
 
     def question(self, spec: QuestionSpec, path: Path) -> Question:
-        if isinstance(spec, ScoreSpec):
-            return Score(spec.instructions, tuple(spec.criteria))
-        if spec.type == "noul":
-            criteria = spec.criteria
-            return Noul(spec.instructions, criteria.true if criteria else None, criteria.false if criteria else None)
+        if isinstance(spec, ScoreSpec) or spec.type == "noul":
+            return build_question(spec)
         limit = self.spec.engine.max_choice_options
         if len(spec.criteria) > limit:
             self.issue(
@@ -256,7 +254,7 @@ class _Compiler:
                 f"this choice has {len(spec.criteria)} options; the engine takes at most {limit}"
                 " (engine.max_choice_options: 255 for d3 models, 26 for generative ones)",
             )
-        return Choice(spec.instructions, dict(spec.criteria))
+        return build_question(spec)
 
     def action(self, spec: ActionSpec, path: Path) -> Route | Block | None:
         if spec.block is not None:
@@ -438,3 +436,14 @@ def _kind(value: Any) -> str:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def build_question(spec: QuestionSpec) -> Question:
+    """The engine's question a validated question spec describes (a policy's, or one the router is asked on
+    `/v1/systemone`); limits that depend on the engine are the caller's to check."""
+    if isinstance(spec, ScoreSpec):
+        return Score(spec.instructions, tuple(spec.criteria))
+    if isinstance(spec, NoulSpec):
+        criteria = spec.criteria
+        return Noul(spec.instructions, criteria.true if criteria else None, criteria.false if criteria else None)
+    return Choice(spec.instructions, dict(spec.criteria))

@@ -76,6 +76,27 @@ class RemoteSettings(Strict):
         return check_env(name)
 
 
+class DecisionsSettings(Strict):
+    """A decision model behind the OpenAI Decisions API (`POST {url}/decisions`): a hosted one, or a gateway."""
+
+    url: str = Field(description="Base URL including /v1, e.g. https://api.openai.com/v1")
+    model: str = Field(min_length=1, description="The decision model's name, e.g. gpt-6-luna.")
+    api_key_env: str | None = Field(None, description="Environment variable holding the API key (a bearer token).")
+    timeout_s: float = Field(5.0, gt=0, description="Deadline of one decision (no retry; then on_engine_error).")
+    connect_timeout_s: float = Field(1.0, gt=0, description="Longest wait to connect.")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        check_url(url)
+        return url
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env(cls, name: str | None) -> str | None:
+        return check_env(name)
+
+
 class CacheSettings(Strict):
     """The decision cache: answers kept by a digest of the model, the state and the questions (no text kept)."""
 
@@ -86,10 +107,12 @@ class CacheSettings(Strict):
 
 
 class EngineSettings(Strict):
-    """The decision engine: `embedded` (the default) or `remote`, and its cache. Changes need a restart."""
+    """The decision engine: `embedded` (the default), `remote` (vLLM servers) or `decisions` (the OpenAI Decisions
+    API), and its cache. Changes need a restart."""
 
     embedded: EmbeddedSettings | None = None
     remote: RemoteSettings | None = None
+    decisions: DecisionsSettings | None = None
     cache: CacheSettings = CacheSettings()
     max_choice_options: int = Field(
         D3_MAX_OPTIONS,
@@ -100,12 +123,18 @@ class EngineSettings(Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> EngineSettings:
-        if self.embedded is not None and self.remote is not None:
-            raise PydanticCustomError("engine_kind", "set `embedded` or `remote`, not both")
+        kinds = [name for name in ("embedded", "remote", "decisions") if getattr(self, name) is not None]
+        if len(kinds) > 1:
+            raise PydanticCustomError(
+                "engine_kind", "set one engine kind (embedded, remote or decisions), found {kinds}",
+                {"kinds": " and ".join(kinds)},
+            )  # fmt: skip
         return self
 
     @property
-    def kind(self) -> Literal["embedded", "remote"]:
+    def kind(self) -> Literal["embedded", "remote", "decisions"]:
+        if self.decisions is not None:
+            return "decisions"
         return "remote" if self.remote is not None else "embedded"
 
 
@@ -544,7 +573,19 @@ class ServerSettings(Strict):
         "down, the router falls back to its in-process store (counted in /metrics) and returns to Redis by itself.",
     )
     redis_timeout_s: float = Field(
-        0.05, gt=0, le=5, description="Longest wait for one Redis call before the in-process store answers instead."
+        0.05,
+        gt=0,
+        le=5,
+        description="Longest wait for one Redis call before the in-process store answers instead (and, apart, for a "
+        "free connection when all redis_max_connections are in use: that is counted as busy, not as Redis down).",
+    )
+    redis_max_connections: int = Field(
+        32,
+        gt=0,
+        le=10_000,
+        description="Connections this process opens to Redis at most (each worker has its own pool). More calls at "
+        "once wait for a free one, at most redis_timeout_s (then busy: answered in-process, Redis not taken for "
+        "down). Larger is not faster: the event loop, not Redis, limits one process's calls (router/_store.py).",
     )
 
     drain_s: float = Field(

@@ -33,6 +33,17 @@ def run(module: str, results: Path, *extra: str) -> dict[str, object]:
     return payload
 
 
+def test_decisions_benchmark_runs(tmp_path: Path) -> None:
+    payload = run("benchmarks.decisions", tmp_path)
+    rows = payload["rows"]
+    assert [row["target"] for row in rows] == [  # type: ignore[index,union-attr]
+        "Decisions engine, direct",
+        "Decisions engine via the router's /v1/decisions (cache off)",
+        "/v1/decisions, cache hit",
+        "/v1/decisions, engine call (a table engine, cache off)",
+    ]
+
+
 def test_policy_benchmark_runs(tmp_path: Path) -> None:
     payload = run("benchmarks.policy", tmp_path)
     assert [row["measure"] for row in payload["rows"]] == [  # type: ignore[index,union-attr]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from d3backend import CachedEngine, DecisionEngine, EmbeddedEngine, RemoteEngine, SharedCache
+from d3backend import CachedEngine, DecisionEngine, DecisionsEngine, EmbeddedEngine, RemoteEngine, SharedCache
 from policies import EngineSettings
 
 Environ = Mapping[str, str]
@@ -17,7 +17,14 @@ def build_engine(
     """The engine the configuration describes, behind the decision cache (`cache.max_entries: 0` keeps no answers
     but still shares one engine call among identical decisions in flight), with `shared` as its second level."""
     engine: DecisionEngine
-    if settings.remote is not None:
+    if settings.decisions is not None:
+        decisions = settings.decisions
+        engine = DecisionsEngine(
+            decisions.url, model=decisions.model, timeout_s=decisions.timeout_s,
+            connect_timeout_s=decisions.connect_timeout_s,
+            api_key=environ.get(decisions.api_key_env) if decisions.api_key_env else None,
+        )  # fmt: skip
+    elif settings.remote is not None:
         remote = settings.remote
         key = environ.get(remote.api_key_env) if remote.api_key_env else None
         engine = RemoteEngine(

@@ -7,14 +7,17 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from d3backend import (
     Answer,
+    Decided,
     DecisionEngine,
     EngineError,
+    EngineUnavailable,
+    JSONValue,
     Question,
     json_bytes,
 )
@@ -27,6 +30,7 @@ from router._decision.record import D3Decision, _answer_json, agrees, decision_j
 from router._decision.shadow import Shadows
 from router._errors import ModelNotFound
 from router._observe import tracing
+from router._observe.decisionlog import DecisionLog
 from router._observe.metrics import Counts, Metrics
 
 logger = logging.getLogger(__name__)
@@ -53,7 +57,7 @@ class RouterService:
         engine: DecisionEngine | None,
         *,
         metrics: Metrics | None = None,
-        decision_log: TextIO | None = None,
+        decision_log: DecisionLog | TextIO | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
@@ -89,10 +93,14 @@ class RouterService:
     def media(self) -> MediaRules:
         return self.snapshot.media
 
-    def swap(self, config: Config) -> None:
-        """Use `config` from the next request on (the reload path); it must not need an engine we lack."""
+    def check(self, config: Config) -> None:
+        """`RuntimeError` if `config` cannot be swapped in: it needs an engine we lack."""
         if self.engine is None and any(policy.questions for policy in config.policies.values()):
             raise RuntimeError("the new configuration asks questions, but no engine is running; restart the router")
+
+    def swap(self, config: Config) -> None:
+        """Use `config` from the next request on (the reload path); it must not need an engine we lack."""
+        self.check(config)
         self.config = config
 
     async def decide(
@@ -155,14 +163,41 @@ class RouterService:
             self._log(d3, request_id, snapshot.config, caller)
         return d3
 
+    async def ask(
+        self, state: JSONValue, questions: Mapping[str, Question], *, images: Sequence[str] = (),
+        videos: Sequence[str] = (),
+    ) -> Decided:  # fmt: skip
+        """Questions of an application's own (`POST /v1/decisions`, `/v1/systemone`), asked of the router's engine
+        as a policy's are: through the cache and single-flight, under `server.decision_timeout_s`, in an engine span,
+        counted (cache, tokens, errors). Raises the `EngineError` (or `TimeoutError`) for the caller to answer."""
+        if self.engine is None:
+            raise EngineUnavailable("no decision engine is configured: no policy asks questions")
+        timeout_s = self.snapshot.config.server.decision_timeout_s
+        try:
+            with tracing.engine_span() as engine_span:
+                decided = await within(timeout_s, self.engine.decide(state, questions, images=images, videos=videos))
+                engine_span.set_attribute("d3.cache", "hit" if decided.cached else "miss")
+        except EngineError as exc:
+            self.metrics.engine_errors[type(exc).__name__] += 1
+            raise
+        except TimeoutError:
+            self.metrics.engine_errors["DecisionTimeout"] += 1
+            raise
+        self.metrics.usage(decided)
+        return decided
+
     async def aclose(self) -> None:
         """Cancel what runs in the background (shadow decisions still being asked) and wait for it."""
         await self.shadows.aclose()
 
     def _write(self, entry: dict[str, Any]) -> None:
-        if self.decision_log is not None:
-            self.decision_log.write(json_bytes(entry).decode() + "\n")
-            self.decision_log.flush()
+        """One line: to the faces' `DecisionLog` (queued, never raising), or to a stream a library caller gave."""
+        log = self.decision_log
+        if isinstance(log, DecisionLog):
+            log.write(json_bytes(entry).decode() + "\n")
+        elif log is not None:
+            log.write(json_bytes(entry).decode() + "\n")
+            log.flush()
 
     async def _ask(
         self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int]
@@ -175,14 +210,14 @@ class RouterService:
         if len(policy.stages) == 1:  # together: the one call, as before; the caller walks the rules
             self._count(policy, policy.questions, calls)
             decided = await engine.decide(state.state, policy.questions, images=state.images, videos=state.videos)
-            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            self.metrics.usage(decided)
             return None, decided.answers, decided.cached
         answers: dict[str, Answer] = {}
         cached = True
         for stage in policy.stages:
             self._count(policy, stage, calls)
             decided = await engine.decide(state.state, stage, images=state.images, videos=state.videos)
-            self.metrics.cache["hit" if decided.cached else "miss"] += 1
+            self.metrics.usage(decided)
             cached = cached and decided.cached
             answers.update(decided.answers)
             decision = policy.walk(answers)
@@ -249,8 +284,4 @@ class RouterService:
                 entry["state"] = text
             else:
                 entry["state_omitted"] = f"over decision_log.max_state_chars ({settings.max_state_chars})"
-        log = self.decision_log
-        if log is None:  # closed by a reload meanwhile
-            return
-        log.write(json_bytes(entry).decode() + "\n")
-        log.flush()
+        self._write(entry)

@@ -70,7 +70,14 @@ class Access:
 
     def reload(self, config: Config) -> None:
         """Read the keys again (the configuration and its keys file); `ConfigError` keeps the running ones."""
-        keys = self._load(config)
+        self.use(config, self.build(config))
+
+    def build(self, config: Config) -> dict[bytes, _Key]:
+        """The key table `config` names (its keys file read now), for `use`: a reload builds everything first."""
+        return self._load(config)
+
+    def use(self, config: Config, keys: dict[bytes, _Key]) -> None:
+        """Swap in a table `build` made: one assignment each, nothing that can fail."""
         self.on, self._keys = config.server.auth is not None, keys
 
     def _load(self, config: Config) -> dict[bytes, _Key]:

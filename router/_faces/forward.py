@@ -17,7 +17,7 @@ import httpx
 from starlette.types import Scope
 
 from d3backend import make_transport, outbound_request
-from policies import UpstreamSettings
+from policies import Config, UpstreamSettings
 from router._apis.chat import Api
 from router._asgi.headers import NOT_FORWARDED_RAW, Headers, header_values
 from router._observe import logs, tracing
@@ -40,18 +40,38 @@ class Forwarder:
         self.metrics = metrics
         self._shared = transport
         self._pools: dict[tuple[str, str, int, float], httpx.AsyncBaseTransport] = {}
+        self._retired: dict[tuple[str, str, int, float], httpx.AsyncBaseTransport] = {}
 
     def transport(self, name: str, upstream: UpstreamSettings) -> httpx.AsyncBaseTransport:
         if self._shared is not None:
             return self._shared
-        key = (name, upstream.url, upstream.max_connections, upstream.pool_timeout_s)
-        pool = self._pools.get(key)
-        if pool is None:  # a reload that changes the upstream gets a new pool; the old one closes with the app
+        key = _key(name, upstream)
+        pool = self._pools.get(key) or self._retired.get(key)  # retired: a request under the old configuration
+        if pool is None:  # a reload that changes the upstream gets a new pool; the old one is retired
             pool = self._pools[key] = make_transport(upstream.max_connections, upstream.pool_timeout_s)
         return pool
 
+    def retire(self, config: Config) -> list[httpx.AsyncBaseTransport]:
+        """Take out the pools `config` no longer uses; requests still under the old configuration keep them until
+        `close_retired`, called once they ended."""
+        keep = {_key(name, upstream) for name, upstream in config.upstreams.items()}
+        gone = {key: pool for key, pool in self._pools.items() if key not in keep}
+        for key in gone:
+            del self._pools[key]
+        self._retired.update(gone)
+        return list(gone.values())
+
+    async def close_retired(self, pools: list[httpx.AsyncBaseTransport]) -> None:
+        self.forget_retired(pools)
+        for pool in pools:
+            await pool.aclose()
+
+    def forget_retired(self, pools: list[httpx.AsyncBaseTransport]) -> None:
+        self._retired = {key: pool for key, pool in self._retired.items() if pool not in pools}
+
     async def aclose(self) -> None:
-        pools, self._pools = list(self._pools.values()), {}
+        pools = [*self._pools.values(), *self._retired.values()]
+        self._pools, self._retired = {}, {}
         for pool in pools:
             await pool.aclose()
 
@@ -103,6 +123,10 @@ class Forwarder:
             return None, (502, f"cannot reach upstream {name!r}: {type(exc).__name__}")
         self.metrics.upstream_seconds[name].observe(time.perf_counter() - start)
         return response, (response.status_code, "")
+
+
+def _key(name: str, upstream: UpstreamSettings) -> tuple[str, str, int, float]:
+    return (name, upstream.url, upstream.max_connections, upstream.pool_timeout_s)
 
 
 def unsafe_path(raw_path: bytes) -> str | None:

@@ -6,10 +6,12 @@ closing what it opened, and reloading its configuration file.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, TextIO
 
 from starlette.types import Receive, Send
 
@@ -19,6 +21,8 @@ from router._decision.engines import start_engine
 from router._decision.service import RouterService
 from router._faces.auth import Access
 from router._faces.forward import Forwarder
+from router._observe.decisionlog import DecisionLog
+from router._observe.metrics import Metrics
 from router._sessions.session import Sessions
 
 logger = logging.getLogger(__name__)
@@ -39,6 +43,8 @@ class Lifecycle:
     _probed_at: float | None
     _owns_engine: bool
     _closed: bool
+    _generation: Generation
+    _retiring: set[asyncio.Task[Any]]
 
     @property
     def config(self) -> Config:
@@ -62,26 +68,13 @@ class Lifecycle:
 
     async def startup(self) -> None:
         """Open the decision log, start and probe the engine, run the `on_startup` hooks."""
-        self._open_decision_log()
+        self.service.decision_log = open_decision_log(self.config, self.service.metrics)
         if self.service.engine is not None:
             await start_engine(self.service.engine)
             self._probed_at = self.clock()
             await self.check_engine()
         self._background = [hook() for hook in self.on_startup]
         self._background.append(self.service.metrics.follow_engine_pool(self.service.engine))
-
-    def _open_decision_log(self, reopen: bool = False) -> None:
-        """Open the configured decision log (a path relative to the configuration file's folder, as model paths
-        are); on reload, close the old one and open the new one, or none."""
-        if reopen and self.service.decision_log is not None:
-            self.service.decision_log.close()
-            self.service.decision_log = None
-            logger.info("decision log: now %s", self.config.server.decision_log)
-        log = self.config.server.decision_log
-        if log is not None and self.service.decision_log is None:
-            path = Path(self.config.file).parent / log.path
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self.service.decision_log = open(path, "a", encoding="utf-8")
 
     async def check_engine(self) -> bool:
         """Probe the engine (one without a probe is taken as ready: its first failure will say otherwise);
@@ -119,24 +112,163 @@ class Lifecycle:
             await self.service.engine.aclose()
         await self.forwarder.aclose()
         await self.sessions.store.aclose()
-        if self.service.decision_log is not None:
-            self.service.decision_log.close()
-            self.service.decision_log = None
+        for task in self._retiring:
+            task.cancel()
+        log, self.service.decision_log = self.service.decision_log, None
+        if log is not None:
+            await asyncio.to_thread(log.close)  # every queued line written
 
-    def reload(self) -> tuple[bool, str]:
+    def hangup(self) -> None:
+        """SIGHUP: reopen the decision log (log rotation moved it) and reload the configuration file."""
+        if self.service.decision_log is not None and isinstance(self.service.decision_log, DecisionLog):
+            self.service.decision_log.reopen()
+        task = asyncio.get_running_loop().create_task(self.areload())
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    # --- reload ---------------------------------------------------------------------------------------------------
+    def enter(self) -> Generation:
+        """A request starts under the current configuration: `leave` it when it ends (the old one's resources are
+        closed once its last request left)."""
+        generation = self._generation
+        generation.users += 1
+        return generation
+
+    async def areload(self) -> Reloaded:
+        """`reload`, with the file read and parsed on a worker thread, off the event loop."""
+        file = self.config.file
+        try:
+            config = await asyncio.to_thread(load_config, file)
+        except (ConfigError, OSError) as exc:
+            return self._refused(file, exc)
+        return self.apply(config)
+
+    def reload(self) -> Reloaded:
         """Load the configuration file again and swap it in whole; a broken file keeps the running one."""
-        old = self.config
-        file = old.file
+        file = self.config.file
         try:
             config = load_config(file)
-            self.access.reload(config)  # the keys file too; a broken one keeps the running keys and configuration
-            self.service.swap(config)
-        except (ConfigError, RuntimeError) as exc:
-            logger.error("reload of %s failed, keeping the running configuration:\n%s", file, exc)
-            return False, str(exc)
-        if config.engine != old.engine:
-            logger.warning("the engine section changed; engine changes take effect on restart")
-        if config.server.decision_log != old.server.decision_log:
-            self._open_decision_log(reopen=True)
-        logger.info("reloaded %s: %d policies", file, len(config.policies))
-        return True, f"reloaded {file}"
+        except (ConfigError, OSError) as exc:
+            return self._refused(file, exc)
+        return self.apply(config)
+
+    def apply(self, config: Config) -> Reloaded:
+        """Swap in `config` with everything it needs, built first: a failure anywhere keeps the running
+        configuration whole (one log line, the reason returned). What needs a restart is said, not half-applied."""
+        old = self.config
+        try:
+            self.service.check(config)
+            keys = self.access.build(config)  # the keys file too; a broken one keeps the running keys and configuration
+            log = self.service.decision_log
+            if config.server.decision_log != old.server.decision_log or Path(config.file) != Path(old.file):
+                log = open_decision_log(config, self.service.metrics)
+        except (ConfigError, RuntimeError, OSError) as exc:
+            return self._refused(config.file, exc)
+        restart = restart_needed(old, config)
+        # The swap, in one step: nothing below can fail.
+        retired_log = self.service.decision_log if log is not self.service.decision_log else None
+        self.service.decision_log = log
+        self.service.swap(config)
+        self.access.use(config, keys)
+        if "server.sessions.salt_env" not in restart:
+            self.sessions.settings = config.server.sessions
+        pools = self.forwarder.retire(config)
+        previous, self._generation = self._generation, Generation()
+        if retired_log is not None or pools:
+            self._retire(previous, retired_log, pools)
+        for setting in restart:
+            if setting == "engine":
+                logger.warning("the engine section changed; engine changes take effect on restart")
+            else:
+                logger.warning("%s changed; it takes effect on restart", setting)
+        if retired_log is not None or (log is not None and old.server.decision_log is None):
+            logger.info("decision log: now %s", config.server.decision_log)
+        logger.info("reloaded %s: %d policies", config.file, len(config.policies))
+        return Reloaded(True, f"reloaded {config.file}", tuple(restart))
+
+    def _refused(self, file: str, exc: BaseException) -> Reloaded:
+        logger.error("reload of %s failed, keeping the running configuration: %s", file, str(exc).replace("\n", "; "))
+        return Reloaded(False, str(exc), ())
+
+    def _retire(self, generation: Generation, log: DecisionLog | TextIO | None, pools: list[Any]) -> None:
+        """Close what only the old configuration used once its last request ended."""
+
+        async def retire() -> None:
+            await generation.idle()
+            if log is not None:
+                await asyncio.to_thread(log.close)
+            await self.forwarder.close_retired(pools)
+
+        task = asyncio.get_running_loop().create_task(retire()) if _loop_running() else None
+        if task is None:  # a reload outside the loop (a library caller): nothing is in flight
+            if log is not None:
+                log.close()
+            self.forwarder.forget_retired(pools)
+            return
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+
+@dataclass(frozen=True, slots=True)
+class Reloaded:
+    """What a reload did: `ok`, the message (the reason, when it failed), the settings that need a restart."""
+
+    ok: bool
+    message: str
+    restart: tuple[str, ...] = ()
+
+    def __getitem__(self, index: int) -> bool | str:  # `ok, message = app.reload()` as before
+        return (self.ok, self.message)[index]
+
+    def __iter__(self) -> Iterator[bool | str]:
+        return iter((self.ok, self.message))
+
+
+class Generation:
+    """The requests served under one configuration, counted, so that what only it used closes after the last."""
+
+    __slots__ = ("_idle", "users")
+
+    def __init__(self) -> None:
+        self.users = 0
+        self._idle: asyncio.Event | None = None
+
+    def leave(self) -> None:
+        self.users -= 1
+        if self.users == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        if self.users:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+
+
+def open_decision_log(config: Config, metrics: Metrics) -> DecisionLog | None:
+    """The configured decision log (a path relative to the configuration file's folder, as model paths are)."""
+    settings = config.server.decision_log
+    if settings is None:
+        return None
+    return DecisionLog.open(Path(config.file).parent / settings.path, metrics)
+
+
+RESTART_SETTINGS = ("engine", "server.redis", "server.redis_timeout_s", "server.sessions.salt_env")
+
+
+def restart_needed(old: Config, new: Config) -> list[str]:
+    """The settings that changed but only take effect on a restart: the engine and where shared state lives."""
+    values = {
+        "engine": (old.engine, new.engine),
+        "server.redis": (old.server.redis, new.server.redis),
+        "server.redis_timeout_s": (old.server.redis_timeout_s, new.server.redis_timeout_s),
+        "server.sessions.salt_env": (old.server.sessions.salt_env, new.server.sessions.salt_env),
+    }
+    return [name for name in RESTART_SETTINGS if values[name][0] != values[name][1]]
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -109,8 +109,8 @@ class RedisLimiter(Limiter):
         args = [repr(self.clock())]
         for _, rate in limits:
             args += [repr(rate.interval_s), repr(rate.interval_s * (rate.most - 1))]
-        answered, wait = await self.store.run("rate", _SCRIPT, [key for key, _ in limits], args)
-        if not answered:
+        outcome, wait = await self.store.run("rate", _SCRIPT, [key for key, _ in limits], args)
+        if outcome != "answered":
             return self.local(limits)
         return float(wait)
 

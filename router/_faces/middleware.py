@@ -44,6 +44,7 @@ from router._asgi.relay import BUFFER_LIMIT
 from router._decision.engines import start_engine
 from router._errors import Blocked, RequestError, Unauthorized
 from router._faces.auth import Access, Caller
+from router._faces.lifecycle import open_decision_log
 from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
 from router._faces.request import Decided
@@ -67,7 +68,7 @@ class D3RouterMiddleware:
         self.limiter = build_limiter(self.sessions.store)
         self.identify = caller
         self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
-        self._started = self.service.engine is None
+        self._started = False  # the engine and the decision log: opened with the lifespan, or on first use
         self._start_lock = asyncio.Lock()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -149,6 +150,8 @@ class D3RouterMiddleware:
             return
         async with self._start_lock:
             if not self._started:
+                if self.service.decision_log is None:
+                    self.service.decision_log = open_decision_log(self.service.config, self.service.metrics)
                 await start_engine(self.service.engine)
                 self._started = True
 
@@ -160,6 +163,9 @@ class D3RouterMiddleware:
             elif message["type"] == "lifespan.shutdown":
                 await self.service.aclose()
                 await self.sessions.store.aclose()
+                log, self.service.decision_log = self.service.decision_log, None
+                if log is not None:
+                    await asyncio.to_thread(log.close)  # every queued line written
                 if self._owns_engine and self.service.engine is not None:
                     await self.service.engine.aclose()
             return message

@@ -52,8 +52,9 @@ from router._errors import (
     answer,
 )
 from router._faces.auth import Access, Caller
+from router._faces.decisions import serve_decisions, serve_systemone
 from router._faces.forward import Failure, Forwarder, allowed, decided_path, unsafe_path
-from router._faces.lifecycle import Lifecycle
+from router._faces.lifecycle import Generation, Lifecycle
 from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
 from router._faces.request import Decided, available
@@ -93,6 +94,7 @@ class ProxyApp(Lifecycle):
         self.ready = self.service.engine is None
         self.draining = False  # set on SIGTERM (router._faces.serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
+        self._generation, self._retiring = Generation(), set()
         self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)
         self._background: list[Any] = []
         self.ready_error: str | None = None if self.ready else "the engine has not started"
@@ -102,6 +104,8 @@ class ProxyApp(Lifecycle):
             **{("POST", api.path): functools.partial(self.decided, api) for api in APIS},
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/d3/explain"): self.explain,
+            ("POST", "/v1/decisions"): functools.partial(serve_decisions, self),  # router/_faces/decisions.py
+            ("POST", "/v1/systemone"): functools.partial(serve_systemone, self),
             ("GET", "/healthz"): self.healthz,
             ("GET", "/readyz"): self.readyz,
             ("GET", "/metrics"): self.metrics,
@@ -116,7 +120,8 @@ class ProxyApp(Lifecycle):
             return
         path = scope["path"]
         handler = self._routes.get((scope["method"], path))
-        info, token, send = logs.begin(scope, send)  # x-request-id on every response and log line (issue 14.6)
+        info, token, send = logs.begin(scope, send)  # x-request-id on every response and log line
+        generation = self.enter()
         try:
             caller = Caller("anon:")
             if path == "/v1/d3/explain" and (self._admin(scope) or self._admin(scope, b"x-d3-admin-token")):
@@ -141,6 +146,7 @@ class ProxyApp(Lifecycle):
         except ClientDisconnected:
             pass  # gone while sending its body: nothing was started, nothing to answer
         finally:
+            generation.leave()
             logs.end(info, token)
 
     # --- the decided endpoints ------------------------------------------------------------------------------------
@@ -358,8 +364,11 @@ class ProxyApp(Lifecycle):
         if not self._admin(scope):
             await _fail(send, Forbidden("reload needs the admin token (server.admin_token_env)"))
             return
-        ok, message = self.reload()
-        await send_json(send, 200 if ok else 422, json.dumps({"reloaded": ok, "message": message}).encode())
+        done = await self.areload()
+        result: dict[str, Any] = {"reloaded": done.ok, "message": done.message}
+        if done.restart:
+            result["restart_needed"] = list(done.restart)
+        await send_json(send, 200 if done.ok else 422, json.dumps(result).encode())
 
 
 def create_app(config: Config, **kwargs: Any) -> ProxyApp:

@@ -155,7 +155,7 @@ async def serve_app(
         loop.add_signal_handler(signal.SIGINT, shutdown.interrupt)
         loop.add_signal_handler(signal.SIGTERM, shutdown.terminate)
         if isinstance(app, ProxyApp):
-            loop.add_signal_handler(signal.SIGHUP, app.reload)
+            loop.add_signal_handler(signal.SIGHUP, app.hangup)
     if isinstance(app, ProxyApp):
         watch_file(app, poll_s)
     try:
@@ -247,4 +247,7 @@ async def _watch(app: ProxyApp, poll_s: float) -> None:
         now = stamp()
         if now is not None and now != last:
             last = now
-            app.reload()
+            try:
+                await app.areload()  # a failure is logged and answered there; the watcher goes on
+            except Exception:  # anything unforeseen must not end the watcher: no reload would happen after it
+                logger.exception("reload of %s failed unexpectedly; watching for the next change", app.config.file)

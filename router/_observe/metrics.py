@@ -22,7 +22,7 @@ worker writes its share every second (`follow_engine_pool`), whichever worker an
 
 The call sites keep the plain shape they had: `metrics.engine_errors[kind] += 1`,
 `metrics.decision_seconds[policy].observe(s)`, `metrics.cache_entries = n`; `metrics.counter(...)` makes a new
-counter family of the same shape.
+counter family of the same shape, `metrics.gauge(...)` a gauge.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from d3backend import CachedEngine, DecisionEngine, RemoteEngine, UrlStats
+from d3backend import CachedEngine, Decided, DecisionEngine, RemoteEngine, UrlStats
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -124,14 +124,41 @@ class Metrics:
                              ("upstream",), buckets=LATENCY_BUCKETS_S, registry=self._own)  # fmt: skip
         self.decision_seconds: _Series[str, Histogram] = _Series(decision.labels)
         self.upstream_seconds: _Series[str, Histogram] = _Series(upstream.labels)
+        self.engine_tokens: Counts[str] = self.counter(
+            "d3router_engine_tokens",
+            "Tokens of engine calls (cache hits not counted): input, of which cached (a hosted model's prompt cache), "
+            "and output.",
+            ("kind",),
+        )
         self._request_series: _Series[tuple[str, str, str, str], Counter] = _Series(
             lambda key: self._requests.labels(*key)
         )
         self._pool: _Pool | None = None  # made when a remote engine is first shown
+        self._log_dropped: Counts[str] | None = None  # made with the first decision log
         self.multiprocess = self._dir is not None
         self.process = ProcessCollector(registry=None)
         self._shown = CollectorRegistry(auto_describe=False)
         self._shown.register(_Exposed(self))
+
+    @property
+    def decision_log_dropped(self) -> Counts[str]:
+        """Decision log lines dropped, by reason (full, error); shown once a decision log was opened."""
+        if self._log_dropped is None:
+            self._log_dropped = self.counter(
+                "d3router_decision_log_dropped",
+                "Decision log lines dropped: the writer's queue was full, or the file could not be written.",
+                ("reason",),
+            )
+        return self._log_dropped
+
+    def usage(self, decided: Decided) -> None:
+        """Count an engine call's answer: a cache hit or miss, and, for a miss, its tokens."""
+        self.cache["hit" if decided.cached else "miss"] += 1
+        if not decided.cached:
+            usage = decided.usage
+            self.engine_tokens["input"] += usage.input_tokens
+            self.engine_tokens["cached"] += usage.cached_tokens
+            self.engine_tokens["output"] += usage.output_tokens
 
     def request(self, policy: str, rule: str, action: str, status: int) -> None:
         self._request_series[(policy, rule, action, str(status))].inc()
@@ -139,6 +166,11 @@ class Metrics:
     def counter(self, name: str, help_text: str, labels: Iterable[str]) -> Counts[Any]:
         """A new counter family, shown as `<name>_total` (`name` without the suffix)."""
         return Counts(Counter(name, help_text, tuple(labels), registry=self._own))
+
+    def gauge(self, name: str, help_text: str) -> Gauge:
+        """A new gauge without labels; with several workers, the largest value of the live ones (a state any worker
+        is in, such as `d3router_redis_down`)."""
+        return Gauge(name, help_text, registry=self._own, multiprocess_mode="livemax")
 
     @property
     def cache_entries(self) -> int | None:

@@ -8,10 +8,27 @@
 Keys are hashed by the caller and values are upstream names or a decision's answers (probabilities, by a digest of
 the decision's content): a store never holds a prompt or a body.
 
-`RedisStore` writes through to an in-process store and answers from it whenever Redis is slow or down: each Redis
-call waits at most `server.redis_timeout_s`; after a failure Redis is left alone for `RETRY_S` (no request waits on a
-dead server), then the next call tries it again. Failures and fallbacks are counted in `/metrics`, and the router
-logs one line when Redis goes away and one when it is back, never one per request.
+`RedisStore` writes through to an in-process store and answers from it whenever Redis is slow or down (issue 24.4):
+
+- The pool blocks: at most `server.redis_max_connections` (32) calls hold a connection at once; one more waits for a
+  free one, at most `server.redis_timeout_s`. A wait that runs out is *busy*: that call is answered in-process and
+  counted in `d3router_redis_busy_total`, and Redis is not taken for down (it was answering the others). The wait is
+  ours (a semaphore of the pool's size in front of redis-py's pool), not redis-py's `BlockingConnectionPool`, whose
+  wait runs out with the same `ConnectionError` a refused connection raises, inside the same timeout as the command.
+- Only a real failure opens the breaker: a refused or reset connection, a server error (OOM, READONLY, LOADING), a
+  command without an answer within `redis_timeout_s` (redis-py's own retries are off: the breaker is the retry).
+  Open, Redis is left alone for `RETRY_S` (no request waits on a dead server); then one call probes it, the others
+  still answered in-process, and the probe's answer closes the breaker.
+- One log line when the breaker opens and one when it closes, never one per request: calls that were under way when
+  it opened neither close it by succeeding nor log by failing. `d3router_redis_down` is 1 while it is open.
+
+Why 32 connections: the limit on one process's Redis calls is its own event loop, not Redis. redis-py costs ~150 us
+of the loop per call (200 concurrent calls to a local redis-server take 30 ms on a 2-core machine), so a command's
+50 ms timeout also runs while the loop works through every other call in flight: with 128 or 256 in flight, cold
+rounds of 200 calls timed out 18 to 182 of them (taken for Redis down); with 32, none, in 24 rounds of 200 and 1,000
+(the extra calls wait, and a wait over the timeout is busy). 32 connections still outrun the loop at a 1 ms round
+trip (32,000 calls/s against its ~6,500). Connections skip redis-py's `CLIENT SETINFO` (two commands more per new
+connection, at a burst's start). Measured with `python -m benchmarks.redis_pool` (its docstring has the command).
 """
 
 from __future__ import annotations
@@ -22,10 +39,12 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import MaxConnectionsError, RedisError
 
 from d3backend import SharedCache
 from policies import ServerSettings
@@ -35,6 +54,9 @@ logger = logging.getLogger(__name__)
 
 _FAILURES = (RedisError, OSError, TimeoutError)  # redis-py's errors, sockets, and our own timeout
 RETRY_S = 1.0  # after a Redis failure, how long the in-process store answers alone before Redis is tried again
+MAX_CONNECTIONS = 32  # the pool's default size (`server.redis_max_connections`; the module's docstring says why)
+
+Outcome = Literal["answered", "busy", "down"]  # Redis answered; no free connection in time; Redis failed or left alone
 
 
 class Store(Protocol):
@@ -99,33 +121,61 @@ class MemoryStore:
 
 class RedisStore:
     """Redis (the `redis` package's asyncio client, one connection pool), written through to a `MemoryStore` that
-    answers while Redis cannot. A value Redis lost (a restart) but this process still holds is written back."""
+    answers while Redis cannot. A value Redis lost (a restart) but this process still holds is written back.
 
-    def __init__(self, url: str, *, timeout_s: float, metrics: Metrics, max_entries: int = 100_000) -> None:
+        store = RedisStore("redis://redis:6379/0", timeout_s=0.05, metrics=metrics, max_connections=32)
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float,
+        metrics: Metrics,
+        max_entries: int = 100_000,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self.max_connections = max_connections
         self.local = MemoryStore(max_entries)
         self._redis = Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=64, decode_responses=True
-        )
-        self._scripts: dict[str, Any] = {}
-        self._down_until = 0.0  # monotonic time before which Redis is not tried
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=max_connections,
+            retry=Retry(NoBackoff(), 0), decode_responses=True, driver_info=None,
+        )  # fmt: skip
+        self._scripts: dict[str, Any] = {}  # Lua scripts by their text, registered once (EVALSHA)
+        self._slots = asyncio.Semaphore(max_connections)  # held for a call's command: the pool's wait (see above)
+        # The breaker: open (`_down`) from a failure until a probe after `_down_until` answers. `_epoch` counts its
+        # changes, so that a call under way across one does not act on a state it did not see.
         self._down = False
+        self._down_until = 0.0
+        self._probing = False
+        self._epoch = 0
         self.errors: Counts[str] = metrics.counter(
             "d3router_redis_errors", "Redis calls that failed or timed out, by operation.", ("op",)
         )
         self.fallbacks: Counts[str] = metrics.counter(
             "d3router_redis_fallbacks",
-            "Store calls answered by the in-process store because Redis was slow or down, by operation.",
+            "Store calls answered by the in-process store because Redis failed or was left alone after a failure, "
+            "by operation.",
             ("op",),
+        )
+        self.busy: Counts[str] = metrics.counter(
+            "d3router_redis_busy",
+            "Store calls that found no free Redis connection within redis_timeout_s, answered by the in-process "
+            "store (Redis is not taken for down), by operation.",
+            ("op",),
+        )
+        self._down_gauge = metrics.gauge(
+            "d3router_redis_down", "1 while Redis is taken for down (the store answers in-process), else 0."
         )
 
     async def get(self, key: str, ttl_s: float | None = None) -> str | None:
         # GETEX: the read and the TTL's restart in one round trip (Redis 6.2+).
-        answered, value = await self._call(
+        outcome, value = await self._call(
             "get", lambda: self._redis.get(key) if ttl_s is None else self._redis.getex(key, px=_ms(ttl_s))
         )
-        if not answered:
+        if outcome != "answered":
             return self.local.get_now(key, ttl_s)
         if isinstance(value, str):
             if ttl_s is not None:
@@ -141,9 +191,13 @@ class RedisStore:
         await self._put("set", key, value, ttl_s)
 
     async def fetch(self, key: str) -> str | None:
-        """Redis's value alone (no in-process copy: the decision cache keeps its own), None when slow or down."""
-        _, value = await self._call("answers_get", lambda: self._redis.get(key))
-        return value if isinstance(value, str) else None
+        """Redis's value alone (no in-process copy: the decision cache keeps its own), None when busy or down."""
+        return (await self.lookup(key))[1]
+
+    async def lookup(self, key: str) -> tuple[Outcome, str | None]:
+        """`fetch`, with whether Redis answered, was busy or is down."""
+        outcome, value = await self._call("answers_get", lambda: self._redis.get(key))
+        return outcome, value if isinstance(value, str) else None
 
     async def put(self, key: str, value: str, ttl_s: float) -> None:
         """Write to Redis alone (see `fetch`)."""
@@ -152,46 +206,85 @@ class RedisStore:
     async def _put(self, op: str, key: str, value: str, ttl_s: float) -> None:
         await self._call(op, lambda: self._redis.set(key, value, px=_ms(ttl_s)))
 
-    async def run(self, op: str, script: str, keys: list[str], args: list[str]) -> tuple[bool, Any]:
-        """Run a Lua `script` in one round trip (EVALSHA; the script is loaded once), through `_call`: (False,
-        None) when Redis is slow or down."""
+    async def run(self, op: str, script: str, keys: list[str], args: list[str]) -> tuple[Outcome, Any]:
+        """Run a Lua `script` in one round trip (EVALSHA; the script is loaded once), through `_call`: ("busy" or
+        "down", None) when Redis cannot answer."""
         registered = self._scripts.get(script)
         if registered is None:
             registered = self._scripts[script] = self._redis.register_script(script)
         return await self._call(op, lambda: registered(keys=keys, args=args))
 
-    async def _call(self, op: str, call: Callable[[], Awaitable[Any]]) -> tuple[bool, Any]:
-        """(True, Redis's answer to `call()`), or (False, None) when Redis is left alone after a failure or fails now
-        or within `timeout_s`: counted and logged, never raised (a store never fails a request)."""
-        if not self.usable():
+    async def _call(self, op: str, call: Callable[[], Awaitable[Any]]) -> tuple[Outcome, Any]:
+        """("answered", Redis's answer to `call()`), ("busy", None) when no connection was free within `timeout_s`,
+        or ("down", None) when Redis is left alone after a failure or fails now: counted and logged, never raised (a
+        store never fails a request)."""
+        epoch, probe = self._epoch, self._admit()
+        if probe is None:
             self.fallbacks[op] += 1
-            return False, None
+            return "down", None
+        if not await self._wait_for_slot():
+            self._busy(op, probe)
+            return "busy", None
         try:
             async with asyncio.timeout(self.timeout_s):
                 answer = await call()
+        except MaxConnectionsError:  # a connection the pool lost track of (a call cut mid-release): still not down
+            self._busy(op, probe)
+            return "busy", None
         except _FAILURES as exc:
-            self._failed(op, exc)
-            return False, None
-        self._ok()
-        return True, answer
+            self._failed(op, exc, epoch, probe)
+            return "down", None
+        finally:
+            self._slots.release()
+        if probe:
+            self._up()
+        return "answered", answer
+
+    def _admit(self) -> bool | None:
+        """None when Redis is left alone now; else whether this call is the probe of an open breaker."""
+        if not self._down:
+            return False
+        if self._probing or time.monotonic() < self._down_until:
+            return None
+        self._probing = True
+        return True
+
+    async def _wait_for_slot(self) -> bool:
+        if not self._slots.locked():
+            await self._slots.acquire()  # free: returns at once
+            return True
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            return False
+        return True
 
     def usable(self) -> bool:
         """Whether Redis is tried now: not within `RETRY_S` of its last failure."""
         return not self._down or time.monotonic() >= self._down_until
 
-    def _failed(self, op: str, exc: BaseException) -> None:
+    def _busy(self, op: str, probe: bool) -> None:
+        self.busy[op] += 1
+        if probe:  # no answer either way: the next call probes instead
+            self._probing = False
+
+    def _failed(self, op: str, exc: BaseException, epoch: int, probe: bool) -> None:
         self.errors[op] += 1
         self.fallbacks[op] += 1
-        self._down_until = time.monotonic() + RETRY_S
-        if not self._down:
-            self._down = True
+        if probe:
+            self._probing = False
+            self._down_until = time.monotonic() + RETRY_S
+        elif not self._down and epoch == self._epoch:  # not a call from before the breaker's last change
+            self._down, self._down_until, self._epoch = True, time.monotonic() + RETRY_S, self._epoch + 1
+            self._down_gauge.set(1)
             logger.warning("redis %s failed (%s); sessions and decisions are kept in-process until it answers again",
                            _safe(self.url), type(exc).__name__)  # fmt: skip
 
-    def _ok(self) -> None:
-        if self._down:
-            self._down = False
-            logger.warning("redis %s answers again; sessions and decisions are shared again", _safe(self.url))
+    def _up(self) -> None:
+        self._down, self._probing, self._epoch = False, False, self._epoch + 1
+        self._down_gauge.set(0)
+        logger.warning("redis %s answers again; sessions and decisions are shared again", _safe(self.url))
 
     async def aclose(self) -> None:
         try:
@@ -226,13 +319,13 @@ class SharedAnswers:
         self._salt = hashlib.blake2b(salt, digest_size=32).digest()  # any length in, BLAKE2's key size out
         self.lookups: Counts[str] = metrics.counter(
             "d3router_shared_cache",
-            "Decisions looked up in the shared (Redis) cache after an in-process miss: hit, miss or down.",
+            "Decisions looked up in the shared (Redis) cache after an in-process miss: hit, miss, busy or down.",
             ("result",),
         )
 
     async def get(self, key: str) -> str | None:
-        value = await self.store.fetch(self._key(key))
-        self.lookups["hit" if value is not None else ("miss" if self.store.usable() else "down")] += 1
+        outcome, value = await self.store.lookup(self._key(key))
+        self.lookups["hit" if value is not None else ("miss" if outcome == "answered" else outcome)] += 1
         return value
 
     async def set(self, key: str, value: str, ttl_s: float) -> None:
@@ -252,4 +345,7 @@ def build_store(server: ServerSettings, metrics: Metrics) -> MemoryStore | Redis
     max_entries = server.sessions.max_entries
     if server.redis is None:
         return MemoryStore(max_entries)
-    return RedisStore(server.redis, timeout_s=server.redis_timeout_s, metrics=metrics, max_entries=max_entries)
+    return RedisStore(
+        server.redis, timeout_s=server.redis_timeout_s, metrics=metrics, max_entries=max_entries,
+        max_connections=server.redis_max_connections,
+    )  # fmt: skip

@@ -159,3 +159,10 @@ def test_make_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         == f"{tmp_path / 'tiny'}: tiny Qwen3 model built (random weights: its answers carry no meaning)\n"
     )
     assert (tmp_path / "tiny" / "model.safetensors").is_file()
+
+
+def test_check_decisions_engine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    file = write(tmp_path, "engine: {decisions: {url: 'https://k:s@luna.test/v1', model: gpt-6-luna}}\n" + VALID)
+    assert main(["check", file]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  engine: decisions https://luna.test/v1 gpt-6-luna (cache 10000 entries, 600 s)" in out  # no credentials

@@ -18,6 +18,12 @@ FAMILIES = [
     ("d3router_upstream_errors", "counter", "Upstream attempts that failed, by upstream and kind."),
     ("d3router_decision_seconds", "histogram", "Time to decide (engine call or cache), by policy."),
     ("d3router_upstream_seconds", "histogram", "Time to the upstream's response headers, by upstream."),
+    (
+        "d3router_engine_tokens",
+        "counter",
+        "Tokens of engine calls (cache hits not counted): input, of which cached (a hosted model's prompt cache), "
+        "and output.",
+    ),
 ]
 
 

@@ -183,6 +183,7 @@ async def test_a_slow_redis_costs_at_most_its_timeout(mock: respx.MockRouter) ->
         lines = [line for line in metrics.splitlines() if line.startswith("d3router_redis_")]
         # The opening's write timed out once; then Redis is left alone for RETRY_S: no request waits again.
         assert sorted(lines) == [
+            "d3router_redis_down 1.0",
             'd3router_redis_errors_total{op="set"} 1.0',
             'd3router_redis_fallbacks_total{op="get"} 5.0',
             'd3router_redis_fallbacks_total{op="set"} 1.0',
