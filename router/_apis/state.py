@@ -142,8 +142,9 @@ def _refuse(url: str, rules: MediaRules, spent: int) -> str | None:
 # An http(s) URL every parser reads alike (issue 25.6): visible ASCII only, no userinfo, no backslash, no
 # percent-encoding in the host, a host of letters, digits, dots and dashes (or a bracketed IPv6 address), a numeric
 # port. `http://169.254.169.254\\@img.example.com/` is host img.example.com to urlsplit, 169.254.169.254 to WHATWG.
+# The scheme in any case (RFC 3986 3.1: case-insensitive; `HTTPS://` is read alike by every parser).
 _PLAIN_URL = re.compile(
-    r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?(?:[/?#][\x21-\x5b\x5d-\x7e]*)?$"
+    r"^(?i:https?)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?(?:[/?#][\x21-\x5b\x5d-\x7e]*)?$"
 )
 
 
