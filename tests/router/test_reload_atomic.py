@@ -43,7 +43,7 @@ def write(path: Path, *, server: str = "", url: str = "http://up.test/v1", rule:
 
 def make(path: Path, **kwargs: Any) -> Any:
     engine = FakeEngine(lambda state, questions: {"jailbreak": 0.1})
-    return create_app(load_config(path), engine=engine, environ={"D3_ADMIN": "admin"}, **kwargs)
+    return create_app(load_config(path), engine=engine, environ={"D3_ADMIN": "admin", "D3_SALT": "salt"}, **kwargs)
 
 
 async def test_a_decision_log_that_cannot_be_opened_keeps_the_old_configuration(tmp_path: Path) -> None:
@@ -127,10 +127,11 @@ async def test_sessions_apply_and_redis_is_said_to_need_a_restart(
 ) -> None:
     """Before: changes to server.sessions and server.redis were ignored without a word."""
     path = tmp_path / "router.yaml"
-    write(path)
+    # The salt from the start: server.redis is refused without one (issue 25.6), and a changed salt needs a restart.
+    write(path, server=", sessions: {salt_env: D3_SALT}")
     app = make(path, transport=httpx.AsyncHTTPTransport())
     store = app.sessions.store
-    write(path, server=", sessions: {header: x-conversation}, redis: 'redis://127.0.0.1:1/0'")
+    write(path, server=", sessions: {header: x-conversation, salt_env: D3_SALT}, redis: 'redis://127.0.0.1:1/0'")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
         with caplog.at_level(logging.WARNING, logger="router"):
             response = await client.post("/admin/reload", headers=ADMIN)
