@@ -217,3 +217,22 @@ async def test_a_retired_pool_still_serves_the_old_configurations_requests() -> 
     await forwarder.close_retired([pool])
     assert forwarder._retired == {}
     await forwarder.aclose()
+
+
+async def test_a_broken_keys_file_keeps_the_running_configuration_and_keys(tmp_path: Path) -> None:
+    """The merge of atomic reload with client keys: the keys are built with everything else, before the swap, so a
+    keys file that does not load keeps both the running configuration and the running keys."""
+    key = "sk-ci-0123456789abcdef"
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys: [{{name: ci, key: {key}}}]\n", encoding="utf-8")
+    path = tmp_path / "router.yaml"
+    write(path, server=", auth: {keys_file: keys.yaml}")
+    app = make(path, transport=httpx.AsyncHTTPTransport())
+    write(path, server=", auth: {keys_file: keys.yaml}", rule="second")
+    keys.write_text("keys: [{name: ci, key: short}]\n", encoding="utf-8")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
+        response = await client.post("/admin/reload", headers=ADMIN)
+    assert response.status_code == 422 and response.json()["reloaded"] is False
+    assert app.config.policies["auto"].rules[-1].name == "first"  # not half-applied
+    assert app.access.caller([(b"authorization", f"Bearer {key}".encode())]).name == "ci"
+    await app.aclose()
