@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 from typing import Any
 
@@ -38,6 +39,7 @@ from router._asgi.messages import send_bytes
 from router._faces.serve import run
 from router._faces.serve import serve_app as serve_uvicorn
 
+SALT_ENV, BENCH_SALT = "D3_BENCH_SALT", "d3-bench-salt-not-a-secret"  # every bench replica reads the same one
 POLICY = """
 upstreams: {{chat: {{url: "{upstream}"}}}}
 policies:
@@ -131,7 +133,10 @@ def bench_config(upstream: str, sessions: str | None = None) -> str:
         raise SystemExit(f"--sessions: expected off, memory or a redis:// URL, found {sessions!r}")
     mode = "off" if sessions == "off" else "sticky"
     text = text.replace("\n  auto:\n", f"\n  auto:\n    session: {{mode: {mode}}}\n", 1)
-    return text if sessions in ("off", "memory") else f"server: {{redis: {json.dumps(sessions)}}}\n{text}"
+    if sessions in ("off", "memory"):
+        return text
+    # A salt for Redis's hashed keys (refused without one); the same constant in every bench process (BENCH_SALT).
+    return f"server: {{redis: {json.dumps(sessions)}, sessions: {{salt_env: {SALT_ENV}}}}}\n{text}"
 
 
 def requests_total(exposition: str, name: str = "d3router_requests") -> int:
@@ -173,7 +178,8 @@ async def serve(
             await client.aclose()
         return
     engine = engine_for(engine_spec)
-    app = create_app(parse_config(bench_config(upstream, sessions), "bench.yaml"), engine=engine)
+    environ = {**os.environ, SALT_ENV: os.environ.get(SALT_ENV) or BENCH_SALT}
+    app = create_app(parse_config(bench_config(upstream, sessions), "bench.yaml"), engine=engine, environ=environ)
     if metrics == "old":
         from benchmarks._old_metrics import Metrics as OldMetrics
 

@@ -8,8 +8,10 @@
 Pure: reads its files and nothing else.
 """
 
+from policies._access import AuthSettings, ClientKeySpec, GroupSpec, RateSpec
 from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
 from policies._expr import Condition, ExpressionError, compile_condition
+from policies._keys import load_keys
 from policies._load import Config, build_question, load_config, parse_config
 from policies._params import API_TITLES, APIS, PARAMS, ApiName, param_path
 from policies._policy import Action, Block, Decision, Policy, Route, Rule, SessionSettings, StateSettings, Step
@@ -34,8 +36,10 @@ __all__ = [
     "PARAMS",
     "Action",
     "ApiName",
+    "AuthSettings",
     "Block",
     "CacheSettings",
+    "ClientKeySpec",
     "Condition",
     "Config",
     "ConfigError",
@@ -46,11 +50,13 @@ __all__ = [
     "EngineSettings",
     "EvaluationError",
     "ExpressionError",
+    "GroupSpec",
     "Issue",
     "Policy",
     "PolicyError",
     "PolicyTest",
     "QuestionSpec",
+    "RateSpec",
     "RemoteSettings",
     "Route",
     "Rule",
@@ -64,6 +70,7 @@ __all__ = [
     "build_question",
     "compile_condition",
     "load_config",
+    "load_keys",
     "param_path",
     "parse_config",
     "reference_markdown",

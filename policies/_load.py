@@ -130,6 +130,7 @@ class _Compiler:
         if default is not None and default not in self.spec.policies:
             known = ", ".join(map(repr, self.spec.policies)) or "none"
             self.issue(("server", "default_policy"), f"unknown policy {default!r}; expected one of {known}")
+        self.access()
         if self.issues:
             raise ConfigError(_sorted(self.issues))
         return Config(
@@ -141,6 +142,31 @@ class _Compiler:
             tuple(tests),
             tuple(_sorted(self.warnings)),
         )
+
+    def access(self) -> None:
+        """Keys name known policies and undecided models; what lets a request reach an upstream undecided is warned
+        about (issue 25: closed by default)."""
+        server = self.spec.server
+        auth = server.auth
+        if auth is not None:
+            seen: set[str] = set()
+            for index, key in enumerate(auth.keys):
+                if key.name in seen:
+                    self.issue(("server", "auth", "keys", index, "name"), f"key name {key.name!r} is used twice")
+                seen.add(key.name)
+                for name in key.policies or ():
+                    if name not in self.spec.policies:
+                        known = ", ".join(map(repr, self.spec.policies)) or "none"
+                        self.issue(("server", "auth", "keys", index, "policies"),
+                                   f"unknown policy {name!r}; expected one of {known}")  # fmt: skip
+        if server.undecided_models:
+            where = "ignored: server.default_policy decides them" if server.default_policy else "undecided"
+            self.issue(("server", "undecided_models"), f"{', '.join(map(repr, server.undecided_models))} reach an "
+                       f"upstream without a decision ({where}); no guard sees them", warning=True)  # fmt: skip
+        if server.passthrough:
+            first = next(iter(self.spec.upstreams), "?")
+            self.issue(("server", "passthrough"), f"{', '.join(server.passthrough)} go undecided to the upstream "
+                       f"{first!r}, with its key", warning=True)  # fmt: skip
 
     def policy(self, name: str, spec: PolicySpec, declared: dict[str, Question], path: Path) -> Policy | None:
         rules: list[Rule] = []

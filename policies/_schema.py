@@ -6,17 +6,17 @@ These models check the file's shape and types; `_load.py` then checks what cross
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from d3backend import D3_MAX_OPTIONS, MAX_QUESTIONS, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
+from policies._access import AuthSettings
 from policies._params import APIS, STRUCTURAL, ApiName
+from policies._strict import HEADER_NAME, Strict, check_env, check_url
 
-_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$")
 _RESERVED_HEADERS = frozenset(
     {
         "connection",
@@ -36,30 +36,7 @@ _RESERVED_HEADERS = frozenset(
     }
 )
 _QUESTION_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PASSTHROUGH_PATH = re.compile(r"^/v1/[A-Za-z0-9._~/-]*\*?$")
-
-
-class Strict(BaseModel):
-    """Base of every section: frozen, unknown keys refused with the closest known key suggested."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unknown_keys(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            known = [field.alias or name for name, field in cls.model_fields.items()]
-            for key in data:
-                if key not in known:
-                    close = difflib.get_close_matches(str(key), known, n=1)
-                    hint = f"did you mean {close[0]!r}? " if close else ""
-                    raise PydanticCustomError(
-                        "unknown_key",
-                        "unknown key {key}; {hint}expected one of {known}",
-                        {"key": repr(key), "hint": hint, "known": ", ".join(known), "offending": str(key)},
-                    )
-        return data
 
 
 # --- engine ---------------------------------------------------------------------------------------------------
@@ -90,13 +67,13 @@ class RemoteSettings(Strict):
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
         for url in urls:
-            _check_url(url)
+            check_url(url)
         return urls
 
     @field_validator("api_key_env")
     @classmethod
     def _env(cls, name: str | None) -> str | None:
-        return _check_env(name)
+        return check_env(name)
 
 
 class DecisionsSettings(Strict):
@@ -111,13 +88,13 @@ class DecisionsSettings(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, url: str) -> str:
-        _check_url(url)
+        check_url(url)
         return url
 
     @field_validator("api_key_env")
     @classmethod
     def _env(cls, name: str | None) -> str | None:
-        return _check_env(name)
+        return check_env(name)
 
 
 class CacheSettings(Strict):
@@ -176,6 +153,11 @@ class UpstreamSettings(Strict):
     pool_timeout_s: float = Field(
         1.0, gt=0, description="Longest wait for a free connection of this upstream; then 503 with Retry-After."
     )
+    forward_client_key: bool = Field(
+        False,
+        description="Send the caller's own credential (Authorization, x-api-key) to this upstream, for deployments "
+        "where the upstream authenticates callers. Off: the caller's credential never leaves the router.",
+    )
     tier: int = Field(
         0,
         description="This upstream's strength for policies with `session: {mode: escalate}`: higher is stronger. "
@@ -185,12 +167,20 @@ class UpstreamSettings(Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, url: str) -> str:
-        return _check_url(url).rstrip("/")
+        return check_url(url).rstrip("/")
+
+    @model_validator(mode="after")
+    def _one_key(self) -> UpstreamSettings:
+        if self.forward_client_key and self.api_key_env is not None:
+            raise PydanticCustomError(
+                "key", "set api_key_env (the router's key) or forward_client_key (the caller's), not both"
+            )
+        return self
 
     @field_validator("api_key_env")
     @classmethod
     def _env(cls, name: str | None) -> str | None:
-        return _check_env(name)
+        return check_env(name)
 
 
 # --- questions ------------------------------------------------------------------------------------------------
@@ -308,7 +298,7 @@ class ActionSpec(Strict):
     @classmethod
     def _tags(cls, tags: Tags) -> Tags:
         for name, value in tags.items():
-            if not _HEADER_NAME.match(name):
+            if not HEADER_NAME.match(name):
                 raise PydanticCustomError("header", "invalid header name {n}", {"n": repr(name)})
             lowered = name.lower()
             if lowered in _RESERVED_HEADERS or lowered.startswith("x-d3-"):
@@ -505,22 +495,23 @@ class SessionServerSettings(Strict):
     )
     salt_env: str | None = Field(
         None,
-        description="Environment variable holding the salt of hashed session keys. Unset: a random salt per process "
-        "without server.redis; with it, a fixed one, so set it on replicas that share a Redis.",
+        description="Environment variable holding the salt of hashed session and cache keys. Unset: a random salt per "
+        "process; with server.redis it is required (replicas must agree on it, and no one reading Redis may test a "
+        "guessed prompt), e.g. `openssl rand -hex 32` in a secret every replica reads.",
     )
     max_entries: int = Field(100_000, gt=0, description="Sessions the in-process store keeps (oldest dropped first).")
 
     @field_validator("header")
     @classmethod
     def _header(cls, name: str | None) -> str | None:
-        if name is not None and not _HEADER_NAME.match(name):
+        if name is not None and not HEADER_NAME.match(name):
             raise PydanticCustomError("header", "expected a header name, found {n}", {"n": repr(name)})
         return None if name is None else name.lower()
 
     @field_validator("salt_env")
     @classmethod
     def _env(cls, name: str | None) -> str | None:
-        return _check_env(name)
+        return check_env(name)
 
 
 class ServerSettings(Strict):
@@ -552,7 +543,27 @@ class ServerSettings(Strict):
     default_policy: str | None = Field(
         None,
         description="The policy that decides a request whose `model` names no policy (an upstream's model, any "
-        "other name). Unset, such a request goes undecided to the upstream serving that model.",
+        "other name). Unset, such a request gets 404 model_not_found unless server.undecided_models lists it.",
+    )
+    undecided_models: list[str] = Field(
+        default_factory=list,
+        description="Models (an upstream's name or its `model`; `*` for any) that, with no policy of that name and "
+        "no server.default_policy, go undecided to the upstream serving them. Empty by default: nothing reaches an "
+        "upstream without a decision. `d3router check` warns when set.",
+    )
+    auth: AuthSettings | None = Field(
+        None, description="Client keys (who may call, what each may use, rate limits); unset: no authentication."
+    )
+    expose_decisions: bool = Field(
+        False,
+        description="Show every caller the debug headers (x-d3-rule, x-d3-answers, x-d3-cache, x-d3-upstream, tags, "
+        "...). Off: only keys with `debug` see them; others get x-d3-policy, x-d3-action and x-d3-session.",
+    )
+    metrics_token_env: str | None = Field(
+        None, description="Environment variable with a bearer token GET /metrics then needs; unset: open."
+    )
+    readyz_interval_s: float = Field(
+        5.0, gt=0, description="/readyz answers from the last engine probe, probing at most once per interval."
     )
     passthrough: list[str] = Field(
         default_factory=list,
@@ -616,10 +627,20 @@ class ServerSettings(Strict):
                 )
         return paths
 
-    @field_validator("admin_token_env")
+    @field_validator("admin_token_env", "metrics_token_env")
     @classmethod
     def _env(cls, name: str | None) -> str | None:
-        return _check_env(name)
+        return check_env(name)
+
+    @model_validator(mode="after")
+    def _salted(self) -> ServerSettings:
+        if self.redis is not None and self.sessions.salt_env is None:
+            raise PydanticCustomError(
+                "salt",
+                "server.redis shares hashed session and cache keys between replicas, so they need a secret salt: "
+                "set server.sessions.salt_env to a variable every replica reads (e.g. from `openssl rand -hex 32`)",
+            )
+        return self
 
     @field_validator("redis")
     @classmethod
@@ -642,19 +663,3 @@ class ConfigSpec(Strict):
     policies: dict[str, PolicySpec] = Field(
         default_factory=dict, description="Keyed by the model name clients send (`auto`, `guarded`, ...)."
     )
-
-
-def _check_url(url: str) -> str:
-    if not re.match(r"^https?://[^/\s]+", url):
-        raise PydanticCustomError("url", "expected an http(s) URL, found {u}", {"u": repr(url)})
-    return url
-
-
-def _check_env(name: str | None) -> str | None:
-    if name is not None and not _ENV_NAME.match(name):
-        raise PydanticCustomError(
-            "env",
-            "expected the name of an environment variable (not the key itself), found {n}",
-            {"n": "a value that is not a name"},
-        )
-    return name

@@ -11,7 +11,9 @@ turns an error into a status, a body and headers, for the proxy and the middlewa
      +-- UpstreamFailed        502 (unreachable, broke off), 503 (no free connection; Retry-After), 504 (timed out)
      +-- Overloaded            503 overloaded_error (server.max_concurrent_requests, max_buffered_bytes; Retry-After)
      +-- NoRoute               404 not_found_error (a path the router does not serve)
-     +-- Forbidden             403 permission_error (the admin token)
+     +-- Forbidden             403 permission_error (the admin token, explain, /metrics' token)
+     +-- Unauthorized          401 invalid_api_key (server.auth: no key, a wrong one); Anthropic authentication_error
+     +-- RateLimited           429 rate_limit_exceeded, with Retry-After (the key's or its group's rate)
 
     try:
         ...
@@ -88,6 +90,26 @@ class Forbidden(RequestError):
     status_default = 403
 
 
+class Unauthorized(RequestError):
+    """No client key, or one the router does not know (server.auth); answered before the body is read."""
+
+    status_default = 401
+
+    def __init__(self, message: str, param: str | None = None, status: int | None = None,
+                 code: str | None = "invalid_api_key") -> None:  # fmt: skip
+        super().__init__(message, param, status, code)
+
+
+class RateLimited(RequestError):
+    """The caller's key or group is over its rate; `retry_after_s` says when the next request is allowed."""
+
+    status_default = 429
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message, None, None, "rate_limit_exceeded")
+        self.retry_after_s = retry_after_s
+
+
 # Most specific first, as httpx's HTTPCORE_EXC_MAP: the first class the error is an instance of gives its type.
 ERROR_TYPES: tuple[tuple[type[RequestError], str], ...] = (
     (BadRequest, "invalid_request_error"),
@@ -96,6 +118,8 @@ ERROR_TYPES: tuple[tuple[type[RequestError], str], ...] = (
     (Overloaded, "overloaded_error"),
     (NoRoute, "not_found_error"),
     (Forbidden, "permission_error"),
+    (Unauthorized, "invalid_request_error"),  # as OpenAI answers a wrong key, code invalid_api_key
+    (RateLimited, "rate_limit_error"),
     (RequestError, "server_error"),
 )
 RETRY_AFTER_S = 1  # a 503 says when to try again: a pool frees connections within a request's time
@@ -116,4 +140,8 @@ def answer(exc: RequestError, api: ErrorShape) -> tuple[int, bytes, list[tuple[b
     """The status, the body in `api`'s shape and the headers that answer `exc`."""
     body = api.error(exc.status, exc.message, error_type(exc), exc.code, exc.param)
     headers = [(b"retry-after", str(RETRY_AFTER_S).encode())] if exc.status == 503 else []
+    if isinstance(exc, RateLimited):
+        headers = [(b"retry-after", str(exc.retry_after_s).encode())]
+    elif isinstance(exc, Unauthorized):
+        headers = [(b"www-authenticate", b'Bearer realm="d3-router"')]  # RFC 6750 3
     return exc.status, body, headers

@@ -80,6 +80,7 @@ def test_bench_config_sets_the_session_mode_and_the_store() -> None:
     redis = parse_config(bench_config(upstream, "redis://127.0.0.1:6390/0"))
     assert redis.policies["auto"].session.mode == "sticky"
     assert redis.server.redis == "redis://127.0.0.1:6390/0"
+    assert redis.server.sessions.salt_env == "D3_BENCH_SALT"  # server.redis is refused without a salt (issue 25.6)
     assert bench_config(upstream) == bench_config(upstream, None)  # no option: the policy as it was
     with pytest.raises(SystemExit, match="expected off, memory or a redis:// URL"):
         bench_config(upstream, "mongo://x")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -133,12 +134,34 @@ def _refuse(url: str, rules: MediaRules, spent: int) -> str | None:
             return "data URLs over the media budget"
         return None
     if scheme in ("http", "https"):
-        try:
-            host = (urlsplit(url).hostname or "").lower()
-        except ValueError:
-            return "malformed URL"
+        host = _host(url)
         return None if host in rules.hosts else f"host {host or '?'} not in server.media_hosts"
     return f"scheme {scheme or '?'} not allowed"
+
+
+# An http(s) URL every parser reads alike (issue 25.6): visible ASCII only, no userinfo, no backslash, no
+# percent-encoding in the host, a host of letters, digits, dots and dashes (or a bracketed IPv6 address), a numeric
+# port. `http://169.254.169.254\\@img.example.com/` is host img.example.com to urlsplit, 169.254.169.254 to WHATWG.
+# The scheme in any case (RFC 3986 3.1: case-insensitive; `HTTPS://` is read alike by every parser).
+_PLAIN_URL = re.compile(
+    r"^(?i:https?)://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?(?:[/?#][\x21-\x5b\x5d-\x7e]*)?$"
+)
+
+
+def _host(url: str) -> str:
+    """The host of an http(s) media URL; `BadRequest` (400) for one two URL parsers could read differently."""
+    match = _PLAIN_URL.match(url)
+    try:
+        parsed = (urlsplit(url).hostname or "").lower() if match else None
+    except ValueError:
+        parsed = None
+    if match is None or parsed is None or parsed != match.group(1).lower().strip("[]"):
+        raise BadRequest(
+            "a media URL holds userinfo, a backslash, a space, a non-ASCII character or a host URL parsers read "
+            "differently; send a plain http(s)://host/path URL or a data URL",
+            param="messages",
+        )
+    return parsed
 
 
 def _budget(texts: list[str], budget: int, separator: int = 1) -> tuple[list[str], int]:

@@ -98,6 +98,7 @@ def _load(file: str, err: TextIO) -> Config | None:
 def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from router._faces.serve import run, serve, serve_workers
     from router._observe import logs, tracing
+    from router._sessions.session import SaltMissing
 
     # Applied when serving starts (router._faces.serve), or at once for JSON, whose every line must be JSON.
     log_config = logs.log_config(args.log_format, args.log_level, args.access_log)
@@ -125,6 +126,9 @@ def _serve(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return run(serve(config, args.host, args.port, log_level=args.log_level, log_config=log_config))
     except KeyboardInterrupt:
         return EXIT_OK
+    except (SaltMissing, ConfigError) as exc:  # the salt Redis needs, a keys file: the fix is in the message
+        logging.getLogger("router").error("d3router cannot start: %s", exc)
+        return EXIT_INVALID
     finally:
         tracing.shutdown()
 

@@ -46,20 +46,25 @@ class D3Decision:
     def action(self) -> str:
         return self.decision.action.kind
 
-    def headers(self, upstream: str | None = None) -> list[tuple[str, str]]:
-        """The `x-d3-*` headers and the policy's tags, for the response (and the upstream request)."""
+    def headers(self, upstream: str | None = None, *, full: bool = False) -> list[tuple[str, str]]:
+        """The `x-d3-*` headers for the response. By default (issue 25.4) only those that cannot help a caller probe
+        the guard or learn of other callers: `x-d3-policy`, `x-d3-action` and `x-d3-session` (its own, scoped by
+        caller). `full` (a key with `debug`, or server.expose_decisions) adds the rule, the answers, the cache state
+        and the decision's time (a hit is fast), the upstream, what the decision could not see (truncated text,
+        dropped media, ignored parts) and the policy's tags. Tags toward the upstream are sent apart, always."""
         decision = self.decision
-        headers = [
-            ("x-d3-policy", self.policy),
+        headers = [("x-d3-policy", self.policy), ("x-d3-action", decision.action.kind)]
+        if self.session is not None:
+            headers.append(("x-d3-session", self.session))
+        if not full:
+            return headers
+        headers += [
             ("x-d3-rule", decision.rule),
-            ("x-d3-action", decision.action.kind),
             ("x-d3-decision-ms", f"{self.decision_ms:.2f}"),
             ("x-d3-cache", "hit" if self.cached else ("none" if not self.answers else "miss")),
         ]
         if upstream is not None:
             headers.append(("x-d3-upstream", upstream))
-        if self.session is not None:
-            headers.append(("x-d3-session", self.session))
         if self.answers:
             headers.append(("x-d3-answers", format_answers(self.answers)))
         if self.skipped:

@@ -105,7 +105,7 @@ class RouterService:
 
     async def decide(
         self, policy: Policy, body: Mapping[str, Any], request_id: str = "", *, api: Api = CHAT,
-        snapshot: Snapshot | None = None, after: After | None = None,
+        snapshot: Snapshot | None = None, after: After | None = None, caller: str = "",
     ) -> D3Decision:  # fmt: skip
         """Decide for a parsed request body of `api` (chat by default) under `snapshot` (the current one by
         default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error.
@@ -160,7 +160,7 @@ class RouterService:
         if after is not None:
             d3 = await after(d3)
         if self.decision_log is not None:
-            self._log(d3, request_id, snapshot.config)
+            self._log(d3, request_id, snapshot.config, caller)
         return d3
 
     async def ask(
@@ -231,7 +231,8 @@ class RouterService:
         self.engine_calls[policy.name] += 1
         self.questions_asked[policy.name] += len(questions)
 
-    async def explain(self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None) -> dict[str, Any]:
+    async def explain(self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None, caller: str = ""
+                      ) -> dict[str, Any]:  # fmt: skip
         """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides."""
         model = body.get("model")
         policy = policy_for(self.snapshot.config, api, model)
@@ -239,17 +240,18 @@ class RouterService:
             raise ModelNotFound(
                 f"no policy is named {model!r} and server.default_policy is unset; explain needs a policy's name"
             )
-        d3 = await self.decide(policy, body, api=api, after=after)
+        d3 = await self.decide(policy, body, api=api, after=after, caller=caller)
         payload = d3.explain()
         payload["api"] = api.name
         payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
         payload["ask"] = policy.ask
         return payload
 
-    def _log(self, d3: D3Decision, request_id: str, config: Config) -> None:
+    def _log(self, d3: D3Decision, request_id: str, config: Config, caller: str = "") -> None:
         entry: dict[str, Any] = {
             "time": round(time.time(), 3),
             "request_id": request_id,
+            "caller": caller,  # the key's name (key:NAME), or a salted hash of the credential (anon:...)
             "policy": d3.policy,
             "rule": d3.decision.rule,
             "action": d3.action,

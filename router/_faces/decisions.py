@@ -8,6 +8,10 @@ Both ask the router's engine through `RouterService.ask`: the same cache and sin
 and metrics as a policy's questions. No policy is involved; `model` must be the engine's model (else 404). The
 input's images obey `server.media_hosts`, `max_media_bytes` and `max_media_items` (the engine fetches URLs
 itself); an image it may not have is refused (400), never dropped. docs/decisions.md says what maps to what.
+
+With `server.auth` both need a client key and count against its rate limits, as every non-public path does
+(`ProxyApp.__call__` checks both before the handler runs). `x-d3-cache` (whether someone sent the same input within
+the cache's TTL) is shown only to a key with `debug`, or with `server.expose_decisions` (issue 25.4).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from router._apis.state import DecisionState, Turn, build_state
 from router._asgi.messages import send_json
 from router._decision.service import RouterService
 from router._errors import BadRequest, ModelNotFound, RequestError, UpstreamFailed, answer
+from router._faces.auth import Caller
 
 
 class Serves(Protocol):
@@ -129,7 +134,7 @@ _QUESTION_SPEC: TypeAdapter[Any] = TypeAdapter(QuestionSpec)
 
 
 # --- the handlers -------------------------------------------------------------------------------------------------
-async def serve_decisions(app: Serves, scope: Scope, receive: Receive, send: Send) -> None:
+async def serve_decisions(app: Serves, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
     """`POST /v1/decisions`: a `Decision`, the answers in question order, a refusal where the engine refused."""
     service = app.service
     try:
@@ -153,10 +158,10 @@ async def serve_decisions(app: Serves, scope: Scope, receive: Receive, send: Sen
     ]
     payload = {"id": f"decision_{uuid.uuid4().hex}", "object": "decision", "model": decided.model,
                "answers": answers, "usage": usage_json(decided.usage)}  # fmt: skip
-    await _answer(service, send, payload, decided, "decisions")
+    await _answer(service, send, payload, decided, "decisions", caller)
 
 
-async def serve_systemone(app: Serves, scope: Scope, receive: Receive, send: Send) -> None:
+async def serve_systemone(app: Serves, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
     """`POST /v1/systemone`: vLLM's structured decision, as SYSTEMONE.md writes it."""
     service = app.service
     try:
@@ -177,7 +182,7 @@ async def serve_systemone(app: Serves, scope: Scope, receive: Receive, send: Sen
         "model": decided.model, "answers": {qid: answer_wire(a) for qid, a in decided.answers.items()},
         "usage": {"input_tokens": decided.usage.input_tokens, "output_tokens": decided.usage.output_tokens},
     }  # fmt: skip
-    await _answer(service, send, payload, decided, "systemone")
+    await _answer(service, send, payload, decided, "systemone", caller)
 
 
 # --- reading ------------------------------------------------------------------------------------------------------
@@ -319,9 +324,13 @@ async def _ask(
         raise UpstreamFailed(str(exc), status=status) from None
 
 
-async def _answer(service: RouterService, send: Send, payload: dict[str, Any], decided: Decided, face: str) -> None:
+async def _answer(
+    service: RouterService, send: Send, payload: dict[str, Any], decided: Decided, face: str, caller: Caller
+) -> None:
     service.metrics.request("-", face, "decide", 200)
-    headers = [(b"x-d3-cache", b"hit" if decided.cached else b"miss")]
+    headers: list[tuple[bytes, bytes]] = []
+    if caller.debug or service.config.server.expose_decisions:  # the cache state tells of other callers' inputs
+        headers.append((b"x-d3-cache", b"hit" if decided.cached else b"miss"))
     await send_json(send, 200, json_bytes(payload), headers)
 
 

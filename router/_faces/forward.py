@@ -8,6 +8,7 @@ the pass-through path checks.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Mapping
 from urllib.parse import unquote_to_bytes
@@ -76,8 +77,9 @@ class Forwarder:
 
     def headers(self, scope: Scope, api: Api, upstream: UpstreamSettings, tags: Headers) -> Headers:
         """The client's headers less hop-by-hop ones, those its `Connection` header names (RFC 9110 7.6.1), any
-        `x-d3-*` (only the router tags its decisions) and those a tag replaces; the upstream's key, if it has one,
-        in the API's header instead of the client's credentials; the proxy's request id as `x-request-id`."""
+        `x-d3-*` (only the router tags its decisions) and those a tag replaces; never the client's credentials
+        (unless `upstreams.NAME.forward_client_key`), the upstream's key, if it has one, in the API's header instead;
+        the proxy's request id as `x-request-id`."""
         drop = {name for name, _ in tags}
         request_id = logs.request_id()
         if request_id is not None:
@@ -86,9 +88,10 @@ class Forwarder:
         for value in header_values(scope["headers"], b"connection"):
             drop.update(token.strip().lower() for token in value.split(b","))
         key = None
+        if not upstream.forward_client_key:  # the caller's credential never leaves the router (issue 25.1)
+            drop.update(_KEY_HEADERS)
         if upstream.api_key_env:
             key = self.environ.get(upstream.api_key_env, "")
-            drop.update(_KEY_HEADERS)
         headers = [(k, v) for k, v in scope["headers"]
                    if k not in NOT_FORWARDED_RAW and k not in drop and not k.startswith(b"x-d3-")]  # fmt: skip
         if key is not None:
@@ -143,3 +146,19 @@ def unsafe_path(raw_path: bytes) -> str | None:
 def allowed(path: str, patterns: list[str]) -> bool:
     """Whether `server.passthrough` lists `path` (a pattern ending in `*` matches what starts with the rest)."""
     return any(path.startswith(p[:-1]) if p.endswith("*") else path == p for p in patterns)
+
+
+_SLASHES = re.compile(rb"/{2,}")
+
+
+def decided_path(raw_path: bytes, endpoints: tuple[str, ...]) -> str | None:
+    """The router's own endpoint `raw_path` names however it is spelled (percent-encoded, in another case, with
+    `//`, a trailing `/` or `;parameters`, as an upstream's router may read it), or None. Such a path is never
+    passed through, whatever `server.passthrough` says (issue 25.2)."""
+    path = unquote_to_bytes(raw_path).lower()
+    path = b"/".join(segment.split(b";")[0] for segment in _SLASHES.sub(b"/", path).split(b"/"))
+    path = path.rstrip(b"/") or b"/"
+    for endpoint in endpoints:
+        if path == endpoint.encode() or path.startswith(endpoint.encode() + b"/"):
+            return endpoint
+    return None

@@ -20,6 +20,7 @@ from policies import Config, ConfigError, load_config
 from router._asgi.admission import Admission
 from router._decision.engines import start_engine
 from router._decision.service import RouterService
+from router._faces.auth import Access
 from router._faces.forward import Forwarder
 from router._observe.decisionlog import DecisionLog
 from router._observe.metrics import Metrics
@@ -38,6 +39,9 @@ class Lifecycle:
     ready_error: str | None
     on_startup: list[Callable[[], Any]]
     _background: list[Any]
+    access: Access
+    clock: Callable[[], float]
+    _probed_at: float | None
     _owns_engine: bool
     _closed: bool
     _generation: Generation
@@ -69,6 +73,7 @@ class Lifecycle:
         self.service.decision_log = open_decision_log(self.config, self.service.metrics)
         if self.service.engine is not None:
             await start_engine(self.service.engine)
+            self._probed_at = self.clock()
             await self.check_engine()
         self._background = [hook() for hook in self.on_startup]
         self._background.append(self.service.metrics.follow_engine_pool(self.service.engine))
@@ -155,6 +160,7 @@ class Lifecycle:
         old = self.config
         try:
             self.service.check(config)
+            keys = self.access.build(config)  # the keys file too; a broken one keeps the running keys and configuration
             log = self.service.decision_log
             if config.server.decision_log != old.server.decision_log or Path(config.file) != Path(old.file):
                 log = open_decision_log(config, self.service.metrics)
@@ -165,6 +171,7 @@ class Lifecycle:
         retired_log = self.service.decision_log if log is not self.service.decision_log else None
         self.service.decision_log = log
         self.service.swap(config)
+        self.access.use(config, keys)
         if "server.sessions.salt_env" not in restart:
             self.sessions.settings = config.server.sessions
         pools = self.forwarder.retire(config)

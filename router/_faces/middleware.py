@@ -12,8 +12,15 @@ The middleware decides `POST` to the same four paths as the proxy (`/v1/chat/com
 proxy there: a body that is not one JSON object with unique keys, too large, or of another content type gets the
 proxy's 4xx in the API's own error shape and never reaches the app; a block is answered with the API's error;
 otherwise the request goes on, body unchanged, with the decision at `request.state.d3` and the `x-d3-*` headers and
-tags added to the response. A model no policy names goes to the app undecided, as the proxy sends it to the
-upstream serving it, unless `server.default_policy` decides it. Every other request passes through untouched.
+tags added to the response (by default only those that cannot help a caller probe the guard: see
+`D3Decision.headers`). A model no policy names is decided by `server.default_policy`, goes to the app undecided
+when `server.undecided_models` lists it, and is refused (404) otherwise. Every other request passes through
+untouched.
+
+The caller (issue 25): `caller=` a function of the scope giving its name (None: 401), else the app's own
+authentication (`scope["user"]`, as Starlette's AuthenticationMiddleware sets it, placed outside this one), else
+`server.auth`'s keys, else a salted hash of the credential the request carries. Its id scopes its sessions and its
+decision log line; its key's rate limits apply.
 Sessions work as in the proxy (issue 12): a later turn's route is its session's (`d3.session` says new, sticky,
 escalated or off), guards still decide every turn, and with `server.redis` the sessions and a second-level decision
 cache are shared with the other replicas. The engine starts with the app's lifespan (or on first use).
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,9 +43,10 @@ from router._asgi.headers import encode_headers
 from router._asgi.messages import ClientDisconnected, drain
 from router._asgi.relay import BUFFER_LIMIT
 from router._decision.engines import start_engine
-from router._decision.pick import policy_for
-from router._errors import Blocked, Overloaded, RequestError
+from router._errors import Blocked, Overloaded, RequestError, Unauthorized
+from router._faces.auth import Access, Caller
 from router._faces.lifecycle import open_decision_log
+from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
 from router._faces.request import Decided
 
@@ -50,11 +59,15 @@ class D3RouterMiddleware:
         config: Config | str | os.PathLike[str],
         engine: DecisionEngine | None = None,
         prefix: str = "/v1",
+        caller: Callable[[Scope], str | None] | None = None,
     ) -> None:
         self.app = app
         loaded = config if isinstance(config, Config) else load_config(config)
         self._owns_engine = engine is None
         self.service, self.sessions = build_parts(loaded, engine, os.environ)
+        self.access = Access(loaded, os.environ, self.sessions.salt)
+        self.limiter = build_limiter(self.sessions.store)
+        self.identify = caller
         self.apis = {prefix.rstrip("/") + api.path.removeprefix("/v1"): api for api in APIS}
         self.admission = Admission(loaded.server.max_concurrent_requests, loaded.server.max_buffered_bytes)
         self._started = False  # the engine and the decision log: opened with the lifespan, or on first use
@@ -68,7 +81,13 @@ class D3RouterMiddleware:
         if api is None:
             await self.app(scope, receive, send)
             return
-        request = Decided(scope, receive, send, api, self.service.snapshot)
+        try:
+            who = self._caller(scope)
+            await self.limiter.check(who)
+        except RequestError as exc:  # before the body is read
+            await Decided(scope, receive, send, api, self.service.snapshot, Caller("anon:")).fail(exc)
+            return
+        request = Decided(scope, receive, send, api, self.service.snapshot, who)
         ticket = self.admission.enter()
         if ticket is None:
             await drain(receive, self.service.config.server.max_body_bytes)  # nothing kept: the client reads the 503
@@ -79,7 +98,8 @@ class D3RouterMiddleware:
             try:
                 app_send = await self._decide(request)
             except RequestError as exc:
-                await request.fail(exc, encode_headers(request.d3.headers()) if request.d3 is not None else None)
+                d3 = request.d3
+                await request.fail(exc, encode_headers(d3.headers(full=request.debug)) if d3 is not None else None)
                 return
             except ClientDisconnected:
                 return  # gone while sending its body: nothing to decide, no one to answer
@@ -92,18 +112,20 @@ class D3RouterMiddleware:
         the client's own); a `RequestError` is answered instead."""
         config = request.config
         request.raw, request.body = await read_request(request.scope, request.receive, config.server.max_body_bytes)
-        request.policy = policy = policy_for(config, request.api, request.body.get("model"))
-        if policy is None:  # not ours to decide: the app sees the request as it came
+        request.policy = policy = request.pick()
+        if policy is None:  # server.undecided_models lists it: the app sees the request as it came
             return request.send
         await self._start()
-        request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config)
+        caller = request.caller.id
+        request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
+                                                 caller=caller)  # fmt: skip
         request.d3 = d3 = await self.service.decide(policy, request.body, api=request.api, snapshot=request.snapshot,
-                                                    after=turn.route)  # fmt: skip
+                                                    after=turn.route, caller=caller)  # fmt: skip
         action = d3.decision.action
         if isinstance(action, Block):
-            raise Blocked(action.message, status=action.status, code=d3.decision.rule)
+            raise Blocked(action.message, status=action.status, code=d3.decision.rule if request.debug else None)
         request.scope.setdefault("state", {})["d3"] = d3
-        headers = encode_headers(d3.headers())
+        headers = encode_headers(d3.headers(full=request.debug))
         replaced = {name for name, _ in headers}
         answer = _Answer() if turn.wants_answer else None
         send = request.send
@@ -119,6 +141,20 @@ class D3RouterMiddleware:
             await send(message)
 
         return send_with_headers
+
+    def _caller(self, scope: Scope) -> Caller:
+        """Who sends the request: the `caller` function's name, the app's authenticated user, a key of
+        `server.auth`, or a hash of the credential carried; `Unauthorized` when the function says nobody."""
+        if self.identify is not None:
+            name = self.identify(scope)
+            if not name:
+                raise Unauthorized("the app did not authenticate this request")
+            return Caller(f"app:{name}", name)
+        user = scope.get("user")
+        if user is not None and getattr(user, "is_authenticated", False):
+            name = str(getattr(user, "identity", None) or getattr(user, "display_name", ""))
+            return Caller(f"app:{name}", name)
+        return self.access.caller(scope["headers"])
 
     async def _start(self) -> None:
         if self._started:

@@ -7,11 +7,16 @@ Decided endpoints (router/_apis, one adapter per API): `POST /v1/chat/completion
 `/v1/responses` and `/v1/messages`, each decided by the policy its `model` names (or `server.default_policy`).
 Also `GET /v1/models`, `POST /v1/d3/explain` (a dry run), `GET /healthz`, `GET /readyz`, `GET /metrics`,
 `POST /admin/reload` (with the admin token); other `/v1/*` paths only where `server.passthrough` lists them.
+
+With `server.auth`, every path but `/healthz` and `/readyz` needs a client key (`/metrics` its own token when
+`server.metrics_token_env` is set, `/admin/reload` the admin token): a request without one is answered 401, in the
+API's own shape, before its body is read (router/_faces/auth.py). Then its key's rate limits (429).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hmac
 import json
@@ -19,7 +24,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -30,13 +35,12 @@ from d3backend import CachedEngine, DecisionEngine, json_bytes
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import CHAT, Api
-from router._apis.registry import API_BY_PATH, APIS, detect
+from router._apis.registry import APIS, detect
 from router._asgi.admission import Admission
 from router._asgi.headers import Headers, content_length, encode_headers, header
 from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body, send_bytes, send_json
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.engines import Environ
-from router._decision.pick import policy_for
 from router._decision.record import D3Decision
 from router._errors import (
     BadRequest,
@@ -46,19 +50,27 @@ from router._errors import (
     NoRoute,
     Overloaded,
     RequestError,
+    Unauthorized,
     UpstreamFailed,
     answer,
 )
+from router._faces.auth import Access, Caller
 from router._faces.decisions import serve_decisions, serve_systemone
-from router._faces.forward import Failure, Forwarder, allowed, unsafe_path
+from router._faces.forward import Failure, Forwarder, allowed, decided_path, unsafe_path
 from router._faces.lifecycle import Generation, Lifecycle
+from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
-from router._faces.request import Decided
+from router._faces.request import Decided, available
 from router._observe import logs, tracing
 
 logger = logging.getLogger(__name__)
 
 UNLIMITED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes are answered under any load
+Handler = Callable[[Scope, Receive, Send, Caller], Awaitable[None]]
+PUBLIC = frozenset({"/healthz", "/readyz"})  # answered to anyone: a load balancer has no key
+OWN_TOKEN = frozenset({"/metrics", "/admin/reload"})  # their own tokens (server.metrics_token_env, admin_token_env)
+_API_BY_PATH = {api.path: api for api in APIS}
+ADMIN = Caller("admin", "admin", debug=True)  # explain with the admin token
 
 
 class ProxyApp(Lifecycle):
@@ -71,10 +83,15 @@ class ProxyApp(Lifecycle):
         engine: DecisionEngine | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         environ: Environ | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.environ = dict(os.environ if environ is None else environ)
         self._owns_engine = engine is None
         self.service, self.sessions = build_parts(config, engine, self.environ)
+        self.access = Access(config, self.environ, self.sessions.salt)
+        self.limiter = build_limiter(self.sessions.store, wall_clock)  # wall-clock: replicas share Redis's limits
+        self.clock = clock  # /readyz's probe interval
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
         self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
@@ -86,7 +103,9 @@ class ProxyApp(Lifecycle):
         self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)
         self._background: list[Any] = []
         self.ready_error: str | None = None if self.ready else "the engine has not started"
-        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Any]] = {
+        self._probed_at: float | None = None
+        self._probing = False
+        self._routes: dict[tuple[str, str], Handler] = {
             **{("POST", api.path): functools.partial(self.decided, api) for api in APIS},
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/d3/explain"): self.explain,
@@ -104,30 +123,41 @@ class ProxyApp(Lifecycle):
             return
         if scope["type"] != "http":
             return
-        handler = self._routes.get((scope["method"], scope["path"]))
+        path = scope["path"]
+        handler = self._routes.get((scope["method"], path))
         info, token, send = logs.begin(scope, send)  # x-request-id on every response and log line
         generation = self.enter()
-        ticket = None if scope["path"] in UNLIMITED else self.admission.enter()
+        ticket = None
         try:
-            if ticket is None and scope["path"] not in UNLIMITED:
-                api = API_BY_PATH.get(scope["path"], CHAT)  # the refusal in the API's own shape
-                self.service.metrics.request("-", "-", "overloaded", 503)
-                await drain(receive, self.config.server.max_body_bytes)  # nothing kept: the client reads the 503
-                status, body, headers = answer(
-                    Overloaded(
-                        "the router serves as many requests as it may (server.max_concurrent_requests); retry shortly"
-                    ),
-                    api,
-                )
-                await send_json(send, status, body, headers)
-                return
+            caller = Caller("anon:")
+            if path == "/v1/d3/explain" and (self._admin(scope) or self._admin(scope, b"x-d3-admin-token")):
+                caller = self._explainer(scope)
+            elif path not in PUBLIC and path not in OWN_TOKEN:
+                try:  # before anything is read (issue 25.1): the key, then its rate
+                    caller = self.access.caller(scope["headers"])
+                    await self.limiter.check(caller)
+                except RequestError as exc:
+                    if isinstance(exc, Unauthorized):
+                        self.service.metrics.request("-", "-", "unauthorized", exc.status)
+                    await _fail(send, exc, _API_BY_PATH.get(path, CHAT))
+                    return
+                if info is not None:
+                    info.caller = caller.id
+            if path not in UNLIMITED:
+                ticket = self.admission.enter()
+                if ticket is None:  # the refusal in the API's own shape; the body read and dropped, nothing kept
+                    self.service.metrics.request("-", "-", "overloaded", 503)
+                    await drain(receive, self.config.server.max_body_bytes)
+                    message = "the router serves as many requests as it may (server.max_concurrent_requests); retry"
+                    await _fail(send, Overloaded(message + " shortly"), _API_BY_PATH.get(path, CHAT))
+                    return
             with ticket or contextlib.nullcontext():
                 if handler is not None:
-                    await handler(scope, receive, send)
-                elif scope["path"].startswith("/v1/"):
-                    await self.passthrough(scope, receive, send)
+                    await handler(scope, receive, send, caller)
+                elif path.startswith("/v1/"):
+                    await self.passthrough(scope, receive, send, caller)
                 else:
-                    await _fail(send, NoRoute(f"no route for {scope['method']} {scope['path']}"))
+                    await _fail(send, NoRoute(f"no route for {scope['method']} {path}"))
         except ClientDisconnected:
             pass  # gone while sending its body: nothing was started, nothing to answer
         except RequestError as exc:  # raised before any answer started (explain's body over the memory bound)
@@ -137,14 +167,15 @@ class ProxyApp(Lifecycle):
             logs.end(info, token)
 
     # --- the decided endpoints ------------------------------------------------------------------------------------
-    async def decided(self, api: Api, scope: Scope, receive: Receive, send: Send) -> None:
+    async def decided(self, api: Api, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         """A generation request of any API, in its request span (a no-op object when tracing is off)."""
-        request = Decided(scope, receive, send, api, self.service.snapshot)
+        request = Decided(scope, receive, send, api, self.service.snapshot, caller)
         with tracing.request_span(api.name, scope, logs.current()) as request.span:
             try:
                 await self._decide(request)
             except RequestError as exc:
-                await request.fail(exc, encode_headers(request.d3.headers()) if request.d3 is not None else None)
+                d3 = request.d3
+                await request.fail(exc, encode_headers(d3.headers(full=request.debug)) if d3 is not None else None)
 
     async def _decide(self, request: Decided) -> None:
         """The policy named by `model` (or `server.default_policy`) decides; a route goes upstream."""
@@ -155,15 +186,18 @@ class ProxyApp(Lifecycle):
         except BadRequest as exc:
             metrics.request("-", "-", "invalid", exc.status)
             raise
-        request.policy = policy = policy_for(config, request.api, request.body.get("model"))
+        request.policy = policy = request.pick()
         if policy is None:
             await cancel_on_disconnect(request.receive, lambda: self._undecided(request))
             return
         request.request_id = logs.request_id() or request.header(b"x-request-id") or uuid.uuid4().hex
-        request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config)
+        caller = request.caller.id
+        request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
+                                                 caller=caller)  # fmt: skip
         try:
             request.d3 = d3 = await self.service.decide(policy, request.body, request.request_id, api=request.api,
-                                                        snapshot=request.snapshot, after=turn.route)  # fmt: skip
+                                                        snapshot=request.snapshot, after=turn.route,
+                                                        caller=caller)  # fmt: skip
         except BadRequest as exc:
             metrics.request(policy.name, "-", "invalid", exc.status)
             raise
@@ -171,7 +205,8 @@ class ProxyApp(Lifecycle):
         action = d3.decision.action
         if isinstance(action, Block):
             metrics.request(policy.name, d3.decision.rule, "block", action.status)
-            raise Blocked(action.message, status=action.status, code=d3.decision.rule)
+            # Its message, never its scores; the rule's name only to a caller allowed to debug (issue 25.4).
+            raise Blocked(action.message, status=action.status, code=d3.decision.rule if request.debug else None)
         await cancel_on_disconnect(request.receive, lambda: self._route(request, d3, action.upstreams))
 
     async def _route(self, request: Decided, d3: D3Decision, upstreams: tuple[str, ...]) -> None:
@@ -202,7 +237,7 @@ class ProxyApp(Lifecycle):
                     continue
                 remember = turn.remember if turn is not None and turn.wants_answer and response.is_success else None
                 try:
-                    headers = encode_headers(d3.headers(upstream=name))
+                    headers = encode_headers(d3.headers(upstream=name, full=request.debug))
                     if not await relay(response, request.send, headers, name, remember):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
@@ -212,29 +247,35 @@ class ProxyApp(Lifecycle):
                 metrics.request(d3.policy, d3.decision.rule, "route", response.status_code)
                 return
         metrics.request(d3.policy, d3.decision.rule, "route", failure[0])
-        await request.fail(UpstreamFailed(failure[1], status=failure[0]), encode_headers(d3.headers(upstream=tried)))
+        shown = encode_headers(d3.headers(upstream=tried, full=request.debug))
+        await request.fail(UpstreamFailed(failure[1], status=failure[0]), shown)
 
     async def _undecided(self, request: Decided) -> None:
-        """With no `server.default_policy`, a model no policy names goes untouched to the upstream serving it."""
+        """A model `server.undecided_models` lists (and no policy names) goes untouched to the upstream serving it."""
         model, config = request.body.get("model"), request.config
         for name, upstream in config.upstreams.items():
             if isinstance(model, str) and model in (upstream.model, name):
-                tag = [(b"x-d3-upstream", name.encode("latin-1", "replace"))]
+                tag = [(b"x-d3-upstream", name.encode("latin-1", "replace"))] if request.debug else []
                 await self._as_is(request, name, upstream, "POST", request.api.upstream_path, tag)
                 return
-        known = sorted({*config.policies, *(u.model for u in config.upstreams.values() if u.model)})
-        await request.fail(ModelNotFound(f"the model {model!r} does not exist; available: {', '.join(known)}"))
+        known = ", ".join(available(config, request.caller)) or "none"
+        await request.fail(ModelNotFound(f"the model {model!r} does not exist or this key may not use it; "
+                                         f"available: {known}"))  # fmt: skip
 
-    async def passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def passthrough(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         """Other `/v1/*` requests: those `server.passthrough` lists go to the first upstream as they came (the path
         as the client wrote it, once checked); others get 404. Errors are OpenAI-shaped (the house default)."""
-        request = Decided(scope, receive, send, CHAT, self.service.snapshot)
+        request = Decided(scope, receive, send, CHAT, self.service.snapshot, caller)
         config = request.config
         raw_path = (scope.get("raw_path") or scope["path"].encode("utf-8")).split(b"?")[0]
         try:
             problem = unsafe_path(raw_path)
             if problem is not None:
                 raise BadRequest(f"the path holds {problem}; it is not forwarded")
+            endpoint = decided_path(raw_path, (*_API_BY_PATH, *(p for _, p in self._routes)))
+            if endpoint is not None:  # however spelled, a decided endpoint is never passed through (issue 25.2)
+                raise NoRoute(f"no route for {scope['method']} {scope['path']}; {endpoint} is served as "
+                              f"POST {endpoint} only")  # fmt: skip
             if not allowed(scope["path"], config.server.passthrough):
                 raise NoRoute(f"no route for {scope['method']} {scope['path']}; d3-router forwards only the paths "
                               "server.passthrough lists")  # fmt: skip
@@ -261,59 +302,83 @@ class ProxyApp(Lifecycle):
         await request.fail(UpstreamFailed(failure[1], status=failure[0]), extra)
 
     # --- the other endpoints -------------------------------------------------------------------------------------
-    async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def models(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
+        """The models this caller may send (its key's policies, and what it may send undecided), nothing else."""
         created = int(time.time())
         data = [{"id": name, "object": "model", "created": created, "owned_by": "d3-router"}
-                for name in self.config.policies]  # fmt: skip
-        seen = set(self.config.policies)
-        for upstream_name, upstream in self.config.upstreams.items():
-            if upstream.model and upstream.model not in seen:
-                seen.add(upstream.model)
-                data.append({"id": upstream.model, "object": "model", "created": created, "owned_by": upstream_name})
+                for name in available(self.config, caller)]  # fmt: skip
         await send_json(send, 200, json.dumps({"object": "list", "data": data}).encode())
 
-    async def explain(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def explain(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         """A dry run for a body of any decided API (`?api=chat|completions|responses|messages`, else guessed from
-        its fields): state, questions, answers and rule trace; no upstream is called."""
+        its fields): state, questions, answers and rule trace; no upstream is called. It tells what a guard
+        answers, so it needs a key with `debug` or the admin token (issue 25.4); the session it shows is the
+        caller's own."""
         try:
+            if not caller.debug:
+                raise Forbidden("explain needs a key with `debug` (server.auth) or the admin token in "
+                                "x-d3-admin-token (server.admin_token_env)")  # fmt: skip
             _, body = await read_request(scope, receive, self.config.server.max_body_bytes)
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
             api = detect(body, (query.get("api") or [None])[0])
-            turn = self.sessions.turn(api, scope["headers"], body, self.config, dry=True)
-            payload = await self.service.explain(body, api, after=turn.route)
-        except BadRequest as exc:
+            if isinstance(body.get("model"), str) and not caller.may_use(body["model"]):
+                raise ModelNotFound(f"the model {body['model']!r} does not exist or this key may not use it")
+            turn = self.sessions.turn(api, scope["headers"], body, self.config, caller=caller.id, dry=True)
+            payload = await self.service.explain(body, api, after=turn.route, caller=caller.id)
+        except RequestError as exc:
             await _fail(send, exc)
             return
         await send_json(send, 200, json_bytes(payload))
 
-    async def healthz(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _explainer(self, scope: Scope) -> Caller:
+        """Explain with the admin token: as the caller the request's credential names (its sessions), allowed to
+        see everything; with keys on and no known key, as the admin."""
+        try:
+            return dataclasses.replace(self.access.caller(scope["headers"]), debug=True, policies=None)
+        except Unauthorized:
+            return ADMIN
+
+    def _admin(self, scope: Scope, name: bytes = b"authorization") -> bool:
+        """Whether the request carries the admin token (server.admin_token_env) in header `name`."""
+        return _token_matches(scope, self.environ.get(self.config.server.admin_token_env or "", ""), name)
+
+    async def healthz(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         await send_json(send, 200, b'{"status":"ok"}')
 
-    async def readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Ready while the engine answers: each call probes it (one small request; probes are not cached).
-        Not ready while draining for shutdown, whatever the engine says."""
+    async def readyz(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
+        """Ready while the engine answers, from the last probe: the engine is probed at most once per
+        server.readyz_interval_s, whatever the rate of calls (a probe flood is no engine flood, issue 25.4); calls
+        while a probe runs answer from the one before. Not ready while draining, whatever the engine says."""
         if self.draining:
             await send_json(send, 503, b'{"status":"not ready","reason":"draining: the router is shutting down"}')
             return
-        await self.check_engine()
+        now = self.clock()
+        due = self._probed_at is None or now - self._probed_at >= self.config.server.readyz_interval_s
+        if due and not self._probing:
+            self._probing, self._probed_at = True, now
+            try:
+                await self.check_engine()
+            finally:
+                self._probing = False
         if self.ready:
             await send_json(send, 200, b'{"status":"ready"}')
         else:
             body = json.dumps({"status": "not ready", "reason": self.ready_error})
             await send_json(send, 503, body.encode())
 
-    async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def metrics(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
+        env = self.config.server.metrics_token_env
+        if env is not None and not _token_matches(scope, self.environ.get(env, "")):
+            await _fail(send, Forbidden("/metrics needs its token (server.metrics_token_env) as a Bearer key"))
+            return
         engine = self.service.engine
         if isinstance(engine, CachedEngine):
             self.service.metrics.cache_entries = engine.stats.size
         self.service.metrics.engine_pool(engine)
         await send_bytes(send, 200, self.service.metrics.render().encode(), [], b"text/plain; version=0.0.4")
 
-    async def admin_reload(self, scope: Scope, receive: Receive, send: Send) -> None:
-        env = self.config.server.admin_token_env
-        token = self.environ.get(env, "") if env else ""
-        given = (header(scope["headers"], b"authorization") or b"").decode("latin-1").removeprefix("Bearer ").strip()
-        if not token or not hmac.compare_digest(given.encode(), token.encode()):  # no timing hint of the token
+    async def admin_reload(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
+        if not self._admin(scope):
             await _fail(send, Forbidden("reload needs the admin token (server.admin_token_env)"))
             return
         done = await self.areload()
@@ -328,7 +393,15 @@ def create_app(config: Config, **kwargs: Any) -> ProxyApp:
     return ProxyApp(config, **kwargs)
 
 
-async def _fail(send: Send, exc: RequestError) -> None:
-    """An error on a path of no client API, in the OpenAI shape (the house default)."""
-    status, body, headers = answer(exc, CHAT)
+async def _fail(send: Send, exc: RequestError, api: Api = CHAT) -> None:
+    """An error on a path of no client API, in the OpenAI shape (the house default), or in `api`'s."""
+    status, body, headers = answer(exc, api)
     await send_json(send, status, body, headers)
+
+
+def _token_matches(scope: Scope, token: str, name: bytes = b"authorization") -> bool:
+    """Whether header `name` carries `token` (as `Bearer TOKEN` in Authorization); never with no token set. Compared
+    in constant time: no timing hint of the token."""
+    value = (header(scope["headers"], name) or b"").decode("latin-1").strip()
+    given = value.removeprefix("Bearer ").strip() if name == b"authorization" else value
+    return bool(token) and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("utf-8", "replace"))

@@ -1,6 +1,6 @@
 """`Decided`: one request to a decided endpoint, as it goes through the proxy or the middleware.
 
-    request = Decided(scope, receive, send, api, service.snapshot)   # when it arrives
+    request = Decided(scope, receive, send, api, service.snapshot, caller)   # when it arrives (router/_faces/auth.py)
     request.raw, request.body = await read_request(scope, receive, request.config.server.max_body_bytes)
     ...
     await request.fail(exc)                                          # any RequestError, in the API's own shape
@@ -21,9 +21,11 @@ from policies import Config, Policy
 from router._apis.chat import Api
 from router._asgi.headers import Headers, header
 from router._asgi.messages import send_json
+from router._decision.pick import policy_for
 from router._decision.record import D3Decision
 from router._decision.service import Snapshot
-from router._errors import RequestError, answer
+from router._errors import ModelNotFound, RequestError, answer
+from router._faces.auth import Caller
 from router._observe.tracing import NO_SPAN, NoSpan, Span
 from router._sessions.session import SessionTurn
 
@@ -37,6 +39,7 @@ class Decided:
     send: Send
     api: Api
     snapshot: Snapshot  # read once: a reload meanwhile does not change the configuration this request is served under
+    caller: Caller  # who sends it (issue 25): scopes its session and its log line, limits what it may use and see
     raw: bytes = b""
     body: dict[str, Any] = field(default_factory=dict)
     policy: Policy | None = None
@@ -49,6 +52,24 @@ class Decided:
     def config(self) -> Config:
         return self.snapshot.config
 
+    @property
+    def debug(self) -> bool:
+        """Whether the caller sees every decision header (its key's `debug`, or server.expose_decisions)."""
+        return self.caller.debug or self.config.server.expose_decisions
+
+    def pick(self) -> Policy | None:
+        """The policy that decides this request; None when it may go undecided (server.undecided_models lists its
+        model, and the caller's key allows it); else `ModelNotFound` (404), naming only what this caller may use,
+        so that a key learns nothing of the policies it may not use (issue 25.1-2)."""
+        model = self.body.get("model")
+        policy = policy_for(self.config, self.api, model)
+        if policy is not None and self.caller.may_use(policy.name):
+            return policy
+        if policy is None and isinstance(model, str) and undecided(self.config, model, self.caller):
+            return None
+        known = ", ".join(available(self.config, self.caller)) or "none"
+        raise ModelNotFound(f"the model {model!r} does not exist or this key may not use it; available: {known}")
+
     def header(self, name: bytes) -> str | None:
         """The request's header `name` (lower case), decoded, or None."""
         value = header(self.scope["headers"], name)
@@ -58,3 +79,22 @@ class Decided:
         """Answer `exc` in the request's API shape, with `headers` (the decision's) before the error's own."""
         status, body, extra = answer(exc, self.api)
         await send_json(self.send, status, body, [*(headers or ()), *extra])
+
+
+def undecided(config: Config, model: str, caller: Caller) -> bool:
+    """Whether a request naming `model` (no policy's name) may go undecided: server.undecided_models lists it (or
+    `*`) and no default policy decides it, and the caller's key allows it."""
+    allowed = config.server.undecided_models
+    listed = "*" in allowed or model in allowed
+    return listed and config.server.default_policy is None and caller.may_send_undecided(model)
+
+
+def available(config: Config, caller: Caller) -> list[str]:
+    """The model names `caller` may send: the policies it may use, then the upstreams' models it may send
+    undecided (what `GET /v1/models` lists)."""
+    names = [name for name in config.policies if caller.may_use(name)]
+    for name, upstream in config.upstreams.items():
+        model = upstream.model or name
+        if model not in names and undecided(config, model, caller):
+            names.append(model)
+    return names

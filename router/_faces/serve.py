@@ -221,18 +221,25 @@ class _Shutdown:
 
 
 async def _watch(app: ProxyApp, poll_s: float) -> None:
-    """Reload when the configuration file changes. A Kubernetes ConfigMap volume swaps a `..data` symlink to a new
-    timestamped folder and leaves the file's own mtime and size as they may be, so the stamp also holds the path the
-    symlinks resolve to and the inode they land on."""
-    path = app.config.file
+    """Reload when the configuration file (or its keys file) changes. A Kubernetes ConfigMap volume swaps a `..data`
+    symlink to a new timestamped folder and leaves the file's own mtime and size as they may be, so the stamp also
+    holds the path the symlinks resolve to and the inode they land on."""
 
-    def stamp() -> tuple[str, int, int, int, int] | None:
+    def one(path: str) -> tuple[str, int, int, int, int] | None:
         try:
             real = os.path.realpath(path)
             info = os.stat(real)
         except OSError:
             return None
         return real, info.st_dev, info.st_ino, info.st_mtime_ns, info.st_size
+
+    def stamp() -> tuple[tuple[str, int, int, int, int] | None, ...] | None:
+        """The configuration file's stamp, and its keys file's (server.auth.keys_file: a rotated secret)."""
+        config = one(app.config.file)
+        auth = app.config.server.auth
+        if config is None or auth is None or auth.keys_file is None:
+            return None if config is None else (config,)
+        return config, one(os.path.join(os.path.dirname(app.config.file), auth.keys_file))
 
     last = stamp()
     while True:
@@ -243,4 +250,4 @@ async def _watch(app: ProxyApp, poll_s: float) -> None:
             try:
                 await app.areload()  # a failure is logged and answered there; the watcher goes on
             except Exception:  # anything unforeseen must not end the watcher: no reload would happen after it
-                logger.exception("reload of %s failed unexpectedly; watching for the next change", path)
+                logger.exception("reload of %s failed unexpectedly; watching for the next change", app.config.file)

@@ -34,7 +34,7 @@ from router._asgi.headers import header
 ACCESS_LOGGER = "router.access"
 SANE_ID = re.compile(r"[A-Za-z0-9._:+/=@-]{1,128}")  # what a client's x-request-id may be to be kept as it is
 _QUIET_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-_FIELDS = ("request_id", "policy", "rule", "upstream", "status", "duration_ms")
+_FIELDS = ("request_id", "caller", "policy", "rule", "upstream", "status", "duration_ms")
 
 access = False  # `d3router serve`: one line per request to `router.access`, whose level says whether it shows
 _access_logger = logging.getLogger(ACCESS_LOGGER)
@@ -54,6 +54,7 @@ class RequestInfo:
     rule: str | None = None
     action: str | None = None
     upstream: str | None = None
+    caller: str | None = None  # key:NAME, or anon:HASH of the credential (issue 25.3)
     cache: str | None = None
     degraded: bool = False
 
@@ -125,8 +126,8 @@ class RequestFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         info = CURRENT.get()
         if info is not None:
-            for name, value in (("request_id", info.id), ("policy", info.policy), ("rule", info.rule),
-                                ("upstream", info.upstream)):  # fmt: skip
+            for name, value in (("request_id", info.id), ("caller", info.caller), ("policy", info.policy),
+                                ("rule", info.rule), ("upstream", info.upstream)):  # fmt: skip
                 if value is not None and not hasattr(record, name):
                     setattr(record, name, value)
         return True

@@ -1,7 +1,7 @@
 """Sessions (issue 12): the turns of one conversation keep the route their first routed turn chose.
 
     sessions = Sessions(store, config.server.sessions, salt, metrics)
-    turn = sessions.turn(api, scope["headers"], body)            # per request; nothing is read from the store yet
+    turn = sessions.turn(api, scope["headers"], body, config, caller=caller.id)  # per request; nothing read yet
     d3 = await service.decide(policy, body, after=turn.route)    # guards first; then the session's route
     await turn.remember(response_body)                           # Responses: the answer's id joins the session
 
@@ -10,7 +10,9 @@ header `server.sessions.header`, the body's `user`, `safety_identifier` or `prom
 `metadata.user_id` (messages), a Responses `previous_response_id` (the session of the response it continues, known
 from the answers this router relayed), and, with no id at all, the conversation's opening (its system prompt and
 first user turn, with a hash of the client's credential, so that two users' identical openings are two sessions).
-Keys are hashed (BLAKE2, salted) before they are stored or logged; the store holds upstream names only.
+Every key is scoped by the caller (issue 25.3: the client key's name, or a hash of the credential the request
+carries): two callers sending the same id, or continuing the same response id, never share a session. Keys are hashed
+(BLAKE2, salted) before they are stored or logged; the store holds upstream names only.
 
 The session never replaces a guard: the policy decides every turn in full, and only a route is then replaced by the
 session's (a block stands). The body's fields are read without asking which API sent them (style 14).
@@ -48,6 +50,7 @@ class Sessions:
     def __init__(self, store: Store, settings: SessionServerSettings, salt: bytes, metrics: Metrics) -> None:
         self.store = store
         self.settings = settings
+        self.salt = salt  # also the salt of anonymous callers' ids (router/_faces/auth.py)
         self._salt = hashlib.blake2b(salt, digest_size=32).digest()  # any length in, BLAKE2's key size out
         self.counts: Counts[tuple[str, str]] = metrics.counter(
             "d3router_sessions",
@@ -55,15 +58,17 @@ class Sessions:
             ("policy", "outcome"),
         )
 
-    def hash(self, kind: str, value: str | bytes) -> str:
-        """The stored and logged form of a session id: salted BLAKE2, 32 hex characters."""
+    def hash(self, kind: str, value: str | bytes, caller: str = "") -> str:
+        """The stored and logged form of a session id of `caller`: salted BLAKE2, 32 hex characters."""
         data = value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value
-        return hashlib.blake2b(kind.encode() + b"\0" + data, key=self._salt, digest_size=16).hexdigest()
+        scope = caller.encode("utf-8", "surrogatepass")
+        prefix = b"%s\0%d:%s" % (kind.encode(), len(scope), scope)  # length-prefixed: no caller id can pose as another
+        return hashlib.blake2b(prefix + data, key=self._salt, digest_size=16).hexdigest()
 
     def turn(self, api: Api, headers: Iterable[tuple[bytes, bytes]], body: Mapping[str, Any], config: Config, *,
-             dry: bool = False) -> SessionTurn:  # fmt: skip
-        """The session part of one request; `dry` (explain) says what would happen and stores nothing."""
-        turn = SessionTurn(self, api, dict(headers), body, config)
+             caller: str, dry: bool = False) -> SessionTurn:  # fmt: skip
+        """The session part of one request of `caller` (its id: issue 25.3); `dry` (explain) stores nothing."""
+        turn = SessionTurn(self, api, dict(headers), body, config, caller)
         turn.dry = dry
         return turn
 
@@ -72,8 +77,9 @@ class SessionTurn:
     """One request's session: found lazily (only a routed turn of a policy with sessions reads the store)."""
 
     def __init__(self, sessions: Sessions, api: Api, headers: Mapping[bytes, bytes], body: Mapping[str, Any],
-                 config: Config) -> None:  # fmt: skip
+                 config: Config, caller: str) -> None:  # fmt: skip
         self.sessions = sessions
+        self.caller = caller
         self.api = api
         self.headers = headers
         self.body = body
@@ -93,31 +99,32 @@ class SessionTurn:
     # --- finding the session -----------------------------------------------------------------------------------
     async def find(self) -> str | None:
         """The hashed session key, or None when the request carries nothing to find one by."""
-        sessions, settings = self.sessions, self.sessions.settings
+        sessions, settings, caller = self.sessions, self.sessions.settings, self.caller
         names = ([SESSION_HEADER] if settings.session_id_header else []) + (
             [settings.header.encode("latin-1")] if settings.header else []
         )
         for name in names:
             value = self.headers.get(name)
             if value:
-                return self._found("header", sessions.hash("id", value))
+                return self._found("header", sessions.hash("id", value, caller))
         if settings.body_ids:
             for field in BODY_IDS:
                 value = self.body.get(field)
                 if isinstance(value, str) and value:
-                    return self._found(field, sessions.hash("id", value))
+                    return self._found(field, sessions.hash("id", value, caller))
             metadata = self.body.get("metadata")
             user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
             if isinstance(user_id, str) and user_id:
-                return self._found("metadata.user_id", sessions.hash("id", user_id))
+                return self._found("metadata.user_id", sessions.hash("id", user_id, caller))
             previous = self.body.get("previous_response_id")
             if isinstance(previous, str) and previous:
-                known = await sessions.store.get(_response_key(sessions.hash("response", previous)))
-                return self._found("previous_response_id", known or sessions.hash("response-chain", previous))
+                known = await sessions.store.get(_response_key(sessions.hash("response", previous, caller)))
+                chain = known or sessions.hash("response-chain", previous, caller)
+                return self._found("previous_response_id", chain)
         if settings.fingerprint:
             opening = self._opening()
             if opening is not None:
-                return self._found("fingerprint", sessions.hash("opening", opening))
+                return self._found("fingerprint", sessions.hash("opening", opening, caller))
         return None
 
     def _found(self, source: str, key: str) -> str:
@@ -222,23 +229,32 @@ class SessionTurn:
             return
         response_id = data.get("id") if isinstance(data, dict) else None
         if isinstance(response_id, str) and response_id:
-            key = _response_key(self.sessions.hash("response", response_id))
+            key = _response_key(self.sessions.hash("response", response_id, self.caller))
             await self.sessions.store.set(key, self.key, self.ttl_s)
 
 
 def session_salt(server: ServerSettings, environ: Mapping[str, str]) -> bytes:
-    """The salt of hashed keys: `server.sessions.salt_env`'s value; unset, a fixed one with Redis (replicas must
-    agree on keys) or a random one per process."""
+    """The salt of hashed keys: `server.sessions.salt_env`'s value; unset, a random one per process. With
+    `server.redis` it must be set and not empty (replicas must agree, and no one reading Redis may test a guessed
+    prompt against a salt in the source): `SaltMissing` otherwise, with the fix in its message."""
     name = server.sessions.salt_env
-    if name is not None:
-        value = environ.get(name)
-        if value:
-            return value.encode("utf-8")
-        logger.warning("server.sessions.salt_env names %r, which is unset or empty; session keys use the default "
-                       "salt", name)  # fmt: skip
+    value = environ.get(name) if name is not None else None
+    if value:
+        return value.encode("utf-8")
     if server.redis is not None:
-        return b"d3-router sessions"
+        raise SaltMissing(
+            f"server.redis shares hashed session and cache keys, but {name or 'server.sessions.salt_env'!s} "
+            "is unset or empty; set server.sessions.salt_env to a variable holding a secret salt on every replica "
+            "(e.g. `openssl rand -hex 32`)"
+        )
+    if name is not None:
+        logger.warning("server.sessions.salt_env names %r, which is unset or empty; session keys use a random salt "
+                       "of this process", name)  # fmt: skip
     return os.urandom(32)
+
+
+class SaltMissing(RuntimeError):
+    """With `server.redis`, the salt's variable is unset: the router refuses to start."""
 
 
 def _session_key(policy: str, key: str) -> str:

@@ -143,6 +143,7 @@ class RedisStore:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=max_connections,
             retry=Retry(NoBackoff(), 0), decode_responses=True, driver_info=None,
         )  # fmt: skip
+        self._scripts: dict[str, Any] = {}  # Lua scripts by their text, registered once (EVALSHA)
         self._slots = asyncio.Semaphore(max_connections)  # held for a call's command: the pool's wait (see above)
         # The breaker: open (`_down`) from a failure until a probe after `_down_until` answers. `_epoch` counts its
         # changes, so that a call under way across one does not act on a state it did not see.
@@ -204,6 +205,14 @@ class RedisStore:
 
     async def _put(self, op: str, key: str, value: str, ttl_s: float) -> None:
         await self._call(op, lambda: self._redis.set(key, value, px=_ms(ttl_s)))
+
+    async def run(self, op: str, script: str, keys: list[str], args: list[str]) -> tuple[Outcome, Any]:
+        """Run a Lua `script` in one round trip (EVALSHA; the script is loaded once), through `_call`: ("busy" or
+        "down", None) when Redis cannot answer."""
+        registered = self._scripts.get(script)
+        if registered is None:
+            registered = self._scripts[script] = self._redis.register_script(script)
+        return await self._call(op, lambda: registered(keys=keys, args=args))
 
     async def _call(self, op: str, call: Callable[[], Awaitable[Any]]) -> tuple[Outcome, Any]:
         """("answered", Redis's answer to `call()`), ("busy", None) when no connection was free within `timeout_s`,

@@ -75,6 +75,10 @@ def test_the_demo_routes_a_chat_through_the_manifests_engine(engine: str, tmp_pa
     objects = render(KUSTOMIZE / "overlays" / "cpu-demo")
     config = one(objects, "ConfigMap", "d3router-config")["data"]["router.yaml"]
     path = tmp_path / "router.yaml"
+    # The manifest's configuration stays closed (issue 25.4); the test turns on the debug headers to see that the
+    # engine decided (x-d3-rule, x-d3-degraded).
+    assert "expose_decisions" not in config and "\nserver:\n" in config
+    config = config.replace("\nserver:\n", "\nserver:\n  expose_decisions: true\n", 1)
     path.write_text(config.replace("http://d3-engine:8000", engine), encoding="utf-8")
     secret = one(objects, "Secret", "d3router-upstream-keys")["data"]
     env = {**os.environ, **{key: base64.b64decode(value).decode() for key, value in secret.items()}}

@@ -23,7 +23,7 @@ from router import D3RouterMiddleware, create_app
 pytestmark = pytest.mark.anyio
 
 CONFIG = """
-server: {{max_concurrent_requests: {requests}, max_buffered_bytes: {bytes}}}
+server: {{admin_token_env: D3_ADMIN, max_concurrent_requests: {requests}, max_buffered_bytes: {bytes}}}
 upstreams: {{up: {{url: http://up.test/v1}}}}
 policies:
   auto:
@@ -59,7 +59,7 @@ class Gate:
 def app_with(requests: int = 512, size: int = 1 << 28, engine: Any = None) -> Any:
     engine = engine or FakeEngine(lambda state, questions: {"jailbreak": 0.1})
     config = parse_config(CONFIG.format(requests=requests, bytes=size), "c.yaml")
-    return create_app(config, engine=engine, transport=httpx.AsyncHTTPTransport())
+    return create_app(config, engine=engine, transport=httpx.AsyncHTTPTransport(), environ={"D3_ADMIN": "admin"})
 
 
 @pytest.fixture
@@ -106,7 +106,8 @@ async def test_past_the_byte_bound_a_body_gets_503(upstream: Any) -> None:
         await asyncio.wait_for(gate.held.wait(), 10)  # its body is held
         assert app.admission.bytes == len(body)
         refused = await client.post("/v1/chat/completions", content=body, headers=headers)
-        small = await client.post("/v1/d3/explain", content=body, headers=headers)  # explain counts too
+        admin = {**headers, "authorization": "Bearer admin"}  # explain needs the admin token (closed by default)
+        small = await client.post("/v1/d3/explain", content=body, headers=admin)  # explain counts too
         gate.release.set()
         assert (await asyncio.wait_for(first, 10)).status_code == 200
     assert (refused.status_code, refused.headers["retry-after"]) == (503, "1")

@@ -63,7 +63,10 @@ async def client_for(text: str) -> AsyncIterator[tuple[httpx.AsyncClient, FakeEn
 
 @pytest.fixture
 async def example() -> AsyncIterator[tuple[httpx.AsyncClient, FakeEngine]]:
-    async for pair in client_for(EXAMPLE.read_text(encoding="utf-8")):
+    # The example as shipped, but showing the debug headers (server.expose_decisions; closed by default, issue 25.4):
+    # these tests check which rule decided.
+    text = EXAMPLE.read_text(encoding="utf-8").replace("server:\n", "server:\n  expose_decisions: true\n", 1)
+    async for pair in client_for(text):
         yield pair
 
 

@@ -58,7 +58,8 @@ async def test_score_answers_in_the_headers_the_explain_view_and_the_log() -> No
     d3 = await service.decide(config.policies["auto"], BODY, request_id="req-1")
     assert d3.decision.rule == "hard"
 
-    headers = dict(d3.headers(upstream="large"))
+    headers = dict(d3.headers(upstream="large", full=True))  # the debug view: the default one has no answers (25.4)
+    assert "x-d3-answers" not in dict(d3.headers(upstream="large"))
     assert headers["x-d3-answers"] == "difficulty=2.40;kind=code:1.00;jailbreak=0.00"
 
     expected_score = {

@@ -17,8 +17,11 @@ from router import API_BY_NAME, BadRequest, MediaRules, ProxyApp, create_app
 
 pytestmark = pytest.mark.anyio
 
+# expose_decisions: these tests check which rule decided each API's request (x-d3-rule, x-d3-parts-ignored), which a
+# caller sees only with it or a debug key (closed by default, issue 25.4); explain needs the admin token (ADMIN).
 CONFIG = """
-server: {default_policy: guarded, media_hosts: [img.example.com], max_media_items: 3}
+server: {default_policy: guarded, expose_decisions: true, admin_token_env: D3_ADMIN, media_hosts: [img.example.com],
+         max_media_items: 3}
 upstreams:
   small: {url: http://small.test/v1, model: small-model}
   keyed: {url: http://keyed.test/v1, model: keyed-model, api_key_env: KEYED_KEY}
@@ -46,6 +49,7 @@ PATHS = {
     "messages": "/v1/messages",
 }
 UPSTREAMS = ("small", "keyed", "plain")
+ADMIN = {"x-d3-admin-token": "admin-token"}
 
 
 def body(api: str, text: str, model: str = "guarded", **extra: Any) -> dict[str, Any]:
@@ -97,7 +101,7 @@ async def app(engine: FakeEngine, mock: respx.MockRouter) -> AsyncIterator[Proxy
         parse_config(CONFIG, "c.yaml"),
         engine=engine,
         transport=httpx.AsyncHTTPTransport(),
-        environ={"KEYED_KEY": "sk-keyed"},
+        environ={"KEYED_KEY": "sk-keyed", "D3_ADMIN": "admin-token"},
     )
     yield proxy
     await proxy.aclose()
@@ -345,7 +349,7 @@ async def test_too_many_media_items_get_413_before_any_engine_call(
 async def test_each_apis_body_becomes_the_same_kind_of_state(
     client: httpx.AsyncClient, api: str, payload: dict[str, Any], state: str
 ) -> None:
-    response = await client.post(f"/v1/d3/explain?api={api}", json={"model": "guarded", **payload})
+    response = await client.post(f"/v1/d3/explain?api={api}", json={"model": "guarded", **payload}, headers=ADMIN)
     assert response.status_code == 200, response.text
     assert response.json()["state"] == state
     assert response.json()["api"] == api
@@ -354,7 +358,7 @@ async def test_each_apis_body_becomes_the_same_kind_of_state(
 async def test_explain_guesses_the_api_from_the_body(client: httpx.AsyncClient) -> None:
     for api in PATHS:
         response = await client.post(
-            "/v1/d3/explain", json=body(api, "hi", system="s") if api == "messages" else body(api, "hi")
+            "/v1/d3/explain", json=body(api, "hi", system="s") if api == "messages" else body(api, "hi"), headers=ADMIN
         )
         assert response.json()["api"] == api
 

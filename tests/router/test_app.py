@@ -1,4 +1,7 @@
-"""The proxy in-process (httpx.ASGITransport) with a fake engine and RESPX upstreams: every action and header."""
+"""The proxy in-process (httpx.ASGITransport) with a fake engine and RESPX upstreams: every action and header.
+
+The configuration shows every caller the debug headers (`server.expose_decisions`), since these tests check each of
+them; what a caller sees by default, and who may call, is tests/router/test_access.py's (issue 25)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from router import ProxyApp, create_app
 pytestmark = pytest.mark.anyio
 
 CONFIG = """
-server: {admin_token_env: D3_ADMIN, media_hosts: [img.example.com], passthrough: [/v1/embeddings, /v1/files/*]}
+server: {admin_token_env: D3_ADMIN, media_hosts: [img.example.com], passthrough: [/v1/embeddings, /v1/files/*],
+         expose_decisions: true}
 upstreams:
   small: {url: http://small.test/v1, model: small-model}
   large: {url: http://large.test/v1, model: big-model, api_key_env: LARGE_KEY}
@@ -108,7 +112,7 @@ async def test_default_route_keeps_the_clients_bytes_except_the_model(client: ht
     body = response.json()
     assert body["upstream"] == "small"
     assert body["body"] == {"model": "small-model", "messages": [{"role": "user", "content": "hello"}]}
-    assert body["headers"]["authorization"] == "Bearer client"  # no key configured: the client's goes on
+    assert "authorization" not in body["headers"]  # the client's credential never leaves the router (issue 25.1)
     headers = response.headers
     assert headers["x-d3-policy"] == "auto"
     assert headers["x-d3-rule"] == "default"
@@ -216,7 +220,14 @@ async def test_a_slow_engine_meets_the_decision_timeout(app: ProxyApp, engine: F
     assert response.headers["x-d3-degraded"] == "engine-error"
 
 
-async def test_unknown_model_passes_through_or_is_404(client: httpx.AsyncClient) -> None:
+async def test_unknown_model_is_404_unless_listed_undecided(app: ProxyApp, client: httpx.AsyncClient) -> None:
+    closed = await client.post("/v1/chat/completions", json=chat(model="big-model"))
+    assert closed.status_code == 404  # closed by default (issue 25.2): it used to reach `large` undecided
+    assert closed.json()["error"]["message"] == (
+        "the model 'big-model' does not exist or this key may not use it; available: auto, fixed, strict"
+    )
+    text = CONFIG.replace("server: {", "server: {undecided_models: [big-model, backup], ", 1)
+    app.service.config = parse_config(text, "c.yaml")
     passed = await client.post("/v1/chat/completions", json=chat(model="big-model"))
     assert passed.json()["upstream"] == "large"
     assert passed.headers["x-d3-upstream"] == "large"
@@ -226,7 +237,8 @@ async def test_unknown_model_passes_through_or_is_404(client: httpx.AsyncClient)
     missing = await client.post("/v1/chat/completions", json=chat(model="gpt-9"))
     assert missing.status_code == 404
     assert missing.json()["error"] == {
-        "message": "the model 'gpt-9' does not exist; available: auto, big-model, fixed, small-model, strict",
+        "message": "the model 'gpt-9' does not exist or this key may not use it; available: auto, fixed, strict, "
+        "big-model, backup",
         "type": "invalid_request_error", "param": "model", "code": "model_not_found",
     }  # fmt: skip
 
@@ -279,15 +291,19 @@ async def test_bad_requests_get_openai_errors(
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
-async def test_models_lists_policies_and_upstream_models(client: httpx.AsyncClient) -> None:
+async def test_models_lists_what_a_caller_may_send(app: ProxyApp, client: httpx.AsyncClient) -> None:
     response = await client.get("/v1/models")
-    assert [(m["id"], m["owned_by"]) for m in response.json()["data"]] == [
-        ("auto", "d3-router"), ("fixed", "d3-router"), ("strict", "d3-router"), ("small-model", "small"),
-        ("big-model", "large"),
-    ]  # fmt: skip
+    assert [m["id"] for m in response.json()["data"]] == ["auto", "fixed", "strict"]  # upstreams' only if undecided
+    app.service.config = parse_config(CONFIG.replace("server: {", "server: {undecided_models: ['*'], ", 1), "c.yaml")
+    response = await client.get("/v1/models")
+    assert [m["id"] for m in response.json()["data"]] == ["auto", "fixed", "strict", "small-model", "big-model",
+                                                          "backup"]  # fmt: skip
 
 
 async def test_explain_is_a_dry_run(client: httpx.AsyncClient, mock: respx.MockRouter) -> None:
+    refused = await client.post("/v1/d3/explain", json=chat("python please"))
+    assert refused.status_code == 403  # it tells a guard's answers: the admin token or a debug key (issue 25.4)
+    client.headers["x-d3-admin-token"] = "admin"
     response = await client.post("/v1/d3/explain", json=chat("python please"))
     assert response.status_code == 200
     body = response.json()
@@ -323,14 +339,17 @@ async def test_health_ready_and_metrics(client: httpx.AsyncClient) -> None:
 
 
 async def test_readyz_follows_the_engine(app: ProxyApp, client: httpx.AsyncClient, engine: FakeEngine) -> None:
+    now = [0.0]
+    app.clock = lambda: now[0]  # readyz probes at most once per server.readyz_interval_s (issue 25.4)
     engine.error = EngineUnavailable("cannot reach the engine")  # type: ignore[assignment]
-    assert await app.check_engine() is False
     response = await client.get("/readyz")
     assert (response.status_code, response.json()) == (
         503,
         {"status": "not ready", "reason": "cannot reach the engine"},
     )
     engine.error = None
+    assert (await client.get("/readyz")).status_code == 503  # the last probe's answer, within the interval
+    now[0] += 5.0
     assert (await client.get("/readyz")).json() == {"status": "ready"}
 
 
@@ -417,6 +436,7 @@ async def test_keys_are_never_echoed_or_logged(
 
 async def test_header_values_from_answers_are_sanitized(mock: respx.MockRouter) -> None:
     config = parse_config("""
+server: {expose_decisions: true}
 upstreams: {small: {url: http://small.test/v1}}
 policies:
   auto:

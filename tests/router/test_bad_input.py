@@ -166,7 +166,9 @@ async def client() -> AsyncIterator[tuple[httpx.AsyncClient, FakeEngine, respx.M
                 200, content=request.content, headers={"content-type": "application/json"}
             )
         )
-        app: ProxyApp = create_app(parse_config(CONFIG, "c.yaml"), engine=engine, transport=httpx.AsyncHTTPTransport())
+        # The debug view (server.expose_decisions): the corpus checks what the decision saw (rule, dropped media).
+        debug = CONFIG.replace("server: {", "server: {expose_decisions: true, ", 1)
+        app: ProxyApp = create_app(parse_config(debug, "c.yaml"), engine=engine, transport=httpx.AsyncHTTPTransport())
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
             yield http, engine, mock
 

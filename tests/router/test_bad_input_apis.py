@@ -27,7 +27,7 @@ from router import API_BY_NAME, BadRequest, D3RouterMiddleware, MediaRules, crea
 pytestmark = pytest.mark.anyio
 
 CONFIG = """
-server: {max_body_bytes: 65536, media_hosts: [img.example.com]}
+server: {max_body_bytes: 65536, media_hosts: [img.example.com], expose_decisions: true}
 upstreams:
   small: {url: http://small.test/v1, model: small-model}
 policies:

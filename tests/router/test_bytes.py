@@ -17,8 +17,10 @@ from router import ProxyApp, create_app
 
 pytestmark = pytest.mark.anyio
 
+# expose_decisions: the tests check which rule decided (x-d3-rule; closed by default, issue 25.4). undecided_models:
+# a request naming the upstream's own model goes to it undecided only when listed (closed by default, issue 25.2).
 CONFIG = """
-server: {passthrough: ["/v1/*"]}
+server: {passthrough: ["/v1/*"], expose_decisions: true, undecided_models: [served-name]}
 upstreams:
   plain: {url: http://plain.test/v1}
   named: {url: http://named.test/v1, model: named}

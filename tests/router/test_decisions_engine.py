@@ -26,8 +26,10 @@ from tests.decisions_server import DecisionsServer
 pytestmark = pytest.mark.anyio
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+# expose_decisions: the tests read which rule decided (x-d3-rule), shown only with it or a debug key (issue 25.4).
 GUARDED = """
 engine: {decisions: {url: "http://luna.test/v1", model: luna-test, api_key_env: LUNA_KEY, timeout_s: 3}}
+server: {expose_decisions: true}
 upstreams: {small: {url: "http://small.test/v1"}}
 policies:
   guarded:

@@ -89,7 +89,62 @@ async def test_a_repeated_decision_is_a_cache_hit(sdk: tuple[openai.AsyncOpenAI,
     client, fake = sdk
     for _ in range(2):
         raw = await client.decisions.with_raw_response.create(model="d3-test", input="same", questions=QUESTIONS[:1])
-    assert raw.headers["x-d3-cache"] == "hit" and len(fake.calls) == 1
+    assert len(fake.calls) == 1
+    # Closed by default (issue 25.4): whether another caller sent the same input is not told.
+    assert "x-d3-cache" not in raw.headers
+
+
+async def test_the_cache_state_is_shown_with_expose_decisions() -> None:
+    # server.expose_decisions (or a debug key) shows x-d3-cache, as on the decided endpoints.
+    fake = FakeEngine(TABLE, model="d3-test")
+    app = create_app(parse_config(CONFIG.replace("server: {", "server: {expose_decisions: true, ")),
+                     engine=CachedEngine(fake))  # fmt: skip
+    body = {"model": "d3-test", "input": "same", "questions": QUESTIONS[:1]}
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+            first, second = [await http.post("/v1/decisions", json=body) for _ in range(2)]
+    finally:
+        await app.aclose()
+    assert (first.headers["x-d3-cache"], second.headers["x-d3-cache"]) == ("miss", "hit") and len(fake.calls) == 1
+
+
+KEYED = CONFIG.replace(
+    "server: {media_hosts: [img.test]}",
+    """server:
+  media_hosts: [img.test]
+  auth:
+    keys:
+      - {name: app, key_env: KEY_APP, rate: {requests: 2, window_s: 60}}
+      - {name: debugger, key_env: KEY_DEBUG, debug: true}""",
+)
+SYSTEMONE = {"model": "d3-test", "state": "x", "questions": {"jailbreak": {"type": "noul"}}}
+DECISIONS = {"model": "d3-test", "input": "x", "questions": QUESTIONS[:1]}
+
+
+@pytest.mark.parametrize(("path", "body"), [("/v1/decisions", DECISIONS), ("/v1/systemone", SYSTEMONE)])
+async def test_with_keys_both_need_a_key_and_count_against_its_rate(path: str, body: dict[str, Any]) -> None:
+    """Not public paths (issue 25.1): no key or a wrong one is a 401 before the engine is asked; a key's rate
+    limit holds (429 with Retry-After); only a debug key sees x-d3-cache."""
+    fake = FakeEngine(TABLE, model="d3-test")
+    environ = {"KEY_APP": "sk-app-0123456789abcdef", "KEY_DEBUG": "sk-debug-0123456789abcdef"}
+    app = create_app(parse_config(KEYED), engine=CachedEngine(fake), environ=environ)
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+            none = await http.post(path, json=body)
+            wrong = await http.post(path, json=body, headers={"authorization": "Bearer sk-wrong-0123456789abcdef"})
+            assert not fake.calls
+            key = {"authorization": "Bearer sk-app-0123456789abcdef"}
+            ok = [await http.post(path, json=body, headers=key) for _ in range(2)]
+            over = await http.post(path, json=body, headers=key)
+            debug = await http.post(path, json=body, headers={"x-api-key": "sk-debug-0123456789abcdef"})
+    finally:
+        await app.aclose()
+    for refused in (none, wrong):
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+    assert [r.status_code for r in ok] == [200, 200] and all("x-d3-cache" not in r.headers for r in ok)
+    assert over.status_code == 429 and int(over.headers["retry-after"]) >= 1
+    assert over.json()["error"]["type"] == "rate_limit_error"
+    assert debug.status_code == 200 and debug.headers["x-d3-cache"] == "hit"
 
 
 async def test_messages_tool_calls_images_and_json_become_the_state(sdk: tuple[openai.AsyncOpenAI, FakeEngine]) -> None:

@@ -24,8 +24,11 @@ pytestmark = pytest.mark.engine
 def router_url(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     # The rules read real answers, but hold whatever those are: the tiny model's answers mean nothing.
     config = tmp_path_factory.mktemp("e2e") / "router.yaml"
+    # expose_decisions: these tests read the rule and the upstream (x-d3-rule, x-d3-upstream) and a block's rule
+    # as its error code, which a caller sees only with it or a debug key (closed by default, issue 25.4).
     config.write_text(
         f"""
+server: {{expose_decisions: true}}
 engine:
   remote: {{urls: ["{vllm_server.url}"], model: {SERVED_MODEL}, timeout_s: 10}}
   max_choice_options: 26
@@ -180,4 +183,6 @@ def test_blocked_request(sdk: openai.OpenAI) -> None:
 def test_blocked_stream_and_models(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.PermissionDeniedError):
         sdk.chat.completions.create(model="guarded", stream=True, messages=[{"role": "user", "content": "hi"}])
-    assert [model.id for model in sdk.models.list()] == ["auto", "guarded", SERVED_MODEL]
+    # Closed by default (issue 25.2): the upstream's own model is no longer listed, since no policy names it and
+    # server.undecided_models does not let it through undecided; only the policies are.
+    assert [model.id for model in sdk.models.list()] == ["auto", "guarded"]

@@ -27,12 +27,13 @@ def router_url(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     require_vllm()
     folder = tmp_path_factory.mktemp("e2e-decisions")
     config = folder / "router.yaml"
+    # expose_decisions: the test reads x-d3-cache, shown only with it or a debug key (closed by default, issue 25.4).
     config.write_text(f"""
 engine:
   embedded: {{model: "{tiny_model}", served_model_name: {SERVED_MODEL}, max_model_len: 2048, dtype: float32,
              kv_cache_memory_bytes: 256M, timeout_s: 60}}
   max_choice_options: 26
-server: {{decision_timeout_s: 60}}
+server: {{decision_timeout_s: 60, expose_decisions: true}}
 upstreams: {{up: {{url: "http://127.0.0.1:9/v1"}}}}
 policies:
   auto:

@@ -118,7 +118,9 @@ def counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[CountingRemote]]:
     yield CountingRemote.built
 
 
+# expose_decisions: the tests read x-d3-cache, which a caller sees only with it or a debug key (issue 25.4).
 COUNTED = """
+server: {{expose_decisions: true}}
 engine: {{remote: {{urls: ['http://d3.test:8000']}}, cache: {{max_entries: {entries}}}}}
 upstreams: {{small: {{url: http://small.test/v1}}}}
 policies:

@@ -68,9 +68,9 @@ async def test_both_faces_refuse_the_corpus_alike(
     behind = await to_app.post("/v1/chat/completions", content=raw, headers=headers)
     assert proxied.status_code == status
     if request.node.callspec.id.startswith("model-"):
-        # No policy named and no server.default_policy: the proxy has no upstream serving it (404), the
-        # middleware hands it to the app, as the proxy would hand it to an upstream serving it.
-        assert calls == ["/v1/chat/completions"] and behind.status_code == 200
+        # No policy named and no server.default_policy: closed by default (issue 25.2), both faces answer 404 alike
+        # and the app never sees the request (it used to reach the app undecided).
+        assert behind.status_code == 404 and behind.json() == proxied.json() and calls == []
         return
     assert behind.status_code == proxied.status_code
     if status >= 400:
@@ -78,7 +78,8 @@ async def test_both_faces_refuse_the_corpus_alike(
         assert calls == []  # and the app never saw the request
     else:
         assert calls == ["/v1/chat/completions"] and behind.json() == {"decided": True}
-        assert behind.headers["x-d3-rule"] == proxied.headers["x-d3-rule"] == "default"
+        assert behind.headers["x-d3-action"] == proxied.headers["x-d3-action"] == "route"
+        assert "x-d3-rule" not in behind.headers and "x-d3-rule" not in proxied.headers  # no debug view by default
 
 
 async def test_with_a_default_policy_no_model_reaches_the_app_undecided() -> None:

@@ -77,9 +77,12 @@ class Upstream:
         await send({"type": "http.response.body", "body": body})
 
 
+READYZ_S = 0.2
+# expose_decisions: the tests read x-d3-degraded (a debug header, closed by default: issue 25.4). readyz_interval_s:
+# /readyz answers from the last engine probe, probed at most once per interval (25.4); short, so a test sees a change.
 CONFIG = """
 engine: {{remote: {{urls: ["{engine}"], model: m, timeout_s: 1.0}}, cache: {{max_entries: 0}}}}
-server: {{decision_timeout_s: 1.5}}
+server: {{decision_timeout_s: 1.5, expose_decisions: true, readyz_interval_s: {readyz_s}}}
 upstreams: {{chat: {{url: "{upstream}/v1", timeout_s: 1.0}}}}
 policies:
   auto:
@@ -94,7 +97,7 @@ policies:
 def stack() -> Iterator[tuple[Served, Engine, Upstream]]:
     engine, upstream = Engine(), Upstream()
     with Served(engine) as served_engine, Served(upstream) as served_upstream:
-        config = parse_config(CONFIG.format(upstream=served_upstream.url, engine=served_engine.url))
+        config = parse_config(CONFIG.format(readyz_s=READYZ_S, upstream=served_upstream.url, engine=served_engine.url))
         with Served(create_app(config)) as proxy:  # the app owns its engine and closes it on shutdown
             yield proxy, engine, upstream
 
@@ -171,7 +174,9 @@ def test_engine_dies_mid_run(tmp_path: Path) -> None:
     upstream = Upstream()
     try:
         with Served(upstream) as served_upstream:
-            config = parse_config(CONFIG.format(upstream=served_upstream.url, engine=f"http://127.0.0.1:{port}"))
+            config = parse_config(
+                CONFIG.format(readyz_s=READYZ_S, upstream=served_upstream.url, engine=f"http://127.0.0.1:{port}")
+            )
             with Served(create_app(config)) as proxy:
                 assert "x-d3-degraded" not in chat(proxy).headers
                 engine_proc.kill()
@@ -180,6 +185,7 @@ def test_engine_dies_mid_run(tmp_path: Path) -> None:
                     response = chat(proxy)
                     assert response.status_code == 200
                     assert response.headers["x-d3-degraded"] == "engine-error"
+                time.sleep(READYZ_S * 1.5)  # the last probe (before the kill) is old enough: /readyz probes again
                 ready = httpx.get(f"{proxy.url}/readyz", timeout=5)
                 assert ready.status_code == 503 and "engine" in ready.json()["reason"]
                 engine_proc = start()
@@ -197,7 +203,7 @@ def test_engine_dies_mid_run(tmp_path: Path) -> None:
 def test_serve_starts_with_the_engine_down(tmp_path: Path) -> None:
     path = tmp_path / "router.yaml"
     dead = f"http://127.0.0.1:{free_port()}"
-    path.write_text(CONFIG.format(upstream="http://127.0.0.1:9", engine=dead), encoding="utf-8")
+    path.write_text(CONFIG.format(readyz_s=READYZ_S, upstream="http://127.0.0.1:9", engine=dead), encoding="utf-8")
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(path), "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip

@@ -124,7 +124,9 @@ def test_a_non_streamed_body_cut_mid_way_goes_to_the_next_upstream_or_is_a_502(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with Served(Cut()) as cut, Served(Recorder()) as good:
+        # expose_decisions: x-d3-upstream says which upstream answered (a debug header, closed by default: 25.4).
         config = parse_config(f"""
+server: {{expose_decisions: true}}
 upstreams: {{cut: {{url: "{cut.url}/v1"}}, good: {{url: "{good.url}/v1"}}}}
 policies:
   auto: {{rules: [{{name: default, route: [cut, good]}}]}}
@@ -183,7 +185,9 @@ class Gate:
 
 @pytest.mark.anyio
 async def test_a_reload_while_deciding_serves_the_request_under_one_config(tmp_path: Path) -> None:
+    # expose_decisions: x-d3-upstream says which configuration routed it (a debug header, closed by default: 25.4).
     text = """
+server: {{expose_decisions: true}}
 upstreams: {{{name}: {{url: "http://{name}.test/v1"}}}}
 policies:
   auto:
@@ -273,7 +277,9 @@ class Hold:
 def test_each_upstream_has_its_own_pool_and_a_full_one_is_a_quick_503() -> None:
     hold = Hold()
     with Served(hold) as slow, Served(Recorder()) as fast:
+        # expose_decisions: x-d3-upstream names the full pool's upstream (a debug header, closed by default: 25.4).
         config = parse_config(f"""
+server: {{expose_decisions: true}}
 upstreams:
   slow: {{url: "{slow.url}/v1", max_connections: 1, pool_timeout_s: 0.2}}
   fast: {{url: "{fast.url}/v1", max_connections: 1}}

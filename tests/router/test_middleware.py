@@ -23,8 +23,11 @@ from router import D3RouterMiddleware
 pytestmark = pytest.mark.anyio
 
 REPO = Path(__file__).resolve().parents[2]
+# expose_decisions: these tests read the debug headers (rule, upstream, degraded); the default view is
+# tests/router/test_access.py's. undecided_models: `gpt-4o` reaches the app undecided only because it is listed.
 CONFIG = parse_config(
     """
+server: {expose_decisions: true, undecided_models: [gpt-4o]}
 upstreams:
   small: {url: http://127.0.0.1:1/v1}
   large: {url: http://127.0.0.1:2/v1}
@@ -136,6 +139,7 @@ def test_lifespan_runs_and_closes_an_owned_engine(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(RemoteEngine, "aclose", spy)
     path = tmp_path / "router.yaml"
     path.write_text(
+        "server: {expose_decisions: true}\n"
         "engine: {remote: {urls: ['http://127.0.0.1:9']}}\n"
         "upstreams: {small: {url: 'http://127.0.0.1:1/v1'}}\n"
         "policies: {auto: {questions: {j: {type: noul}}, rules: [{name: a, when: j > 0.5, route: small},"
@@ -182,6 +186,7 @@ async def test_the_app_never_sees_a_clients_x_d3_headers() -> None:
 
 
 X_D3_CONFIG = """
+server: {undecided_models: [gpt-4o]}
 upstreams: {up: {url: http://up.test/v1}}
 policies:
   auto:

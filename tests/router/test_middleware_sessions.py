@@ -28,7 +28,7 @@ from tests.router.test_sessions_redis import chat
 pytestmark = pytest.mark.anyio
 
 CONFIG = """
-server: {{sessions: {{salt_env: D3_SESSION_SALT}}{redis}}}
+server: {{sessions: {{salt_env: D3_SESSION_SALT}}, expose_decisions: true{redis}}}
 upstreams:
   small: {{url: http://small.test/v1, tier: 1}}
   large: {{url: http://large.test/v1, tier: 2}}

@@ -43,7 +43,7 @@ def write(path: Path, *, server: str = "", url: str = "http://up.test/v1", rule:
 
 def make(path: Path, **kwargs: Any) -> Any:
     engine = FakeEngine(lambda state, questions: {"jailbreak": 0.1})
-    return create_app(load_config(path), engine=engine, environ={"D3_ADMIN": "admin"}, **kwargs)
+    return create_app(load_config(path), engine=engine, environ={"D3_ADMIN": "admin", "D3_SALT": "salt"}, **kwargs)
 
 
 async def test_a_decision_log_that_cannot_be_opened_keeps_the_old_configuration(tmp_path: Path) -> None:
@@ -127,10 +127,11 @@ async def test_sessions_apply_and_redis_is_said_to_need_a_restart(
 ) -> None:
     """Before: changes to server.sessions and server.redis were ignored without a word."""
     path = tmp_path / "router.yaml"
-    write(path)
+    # The salt from the start: server.redis is refused without one (issue 25.6), and a changed salt needs a restart.
+    write(path, server=", sessions: {salt_env: D3_SALT}")
     app = make(path, transport=httpx.AsyncHTTPTransport())
     store = app.sessions.store
-    write(path, server=", sessions: {header: x-conversation}, redis: 'redis://127.0.0.1:1/0'")
+    write(path, server=", sessions: {header: x-conversation, salt_env: D3_SALT}, redis: 'redis://127.0.0.1:1/0'")
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
         with caplog.at_level(logging.WARNING, logger="router"):
             response = await client.post("/admin/reload", headers=ADMIN)
@@ -216,3 +217,22 @@ async def test_a_retired_pool_still_serves_the_old_configurations_requests() -> 
     await forwarder.close_retired([pool])
     assert forwarder._retired == {}
     await forwarder.aclose()
+
+
+async def test_a_broken_keys_file_keeps_the_running_configuration_and_keys(tmp_path: Path) -> None:
+    """The merge of atomic reload with client keys: the keys are built with everything else, before the swap, so a
+    keys file that does not load keeps both the running configuration and the running keys."""
+    key = "sk-ci-0123456789abcdef"
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys: [{{name: ci, key: {key}}}]\n", encoding="utf-8")
+    path = tmp_path / "router.yaml"
+    write(path, server=", auth: {keys_file: keys.yaml}")
+    app = make(path, transport=httpx.AsyncHTTPTransport())
+    write(path, server=", auth: {keys_file: keys.yaml}", rule="second")
+    keys.write_text("keys: [{name: ci, key: short}]\n", encoding="utf-8")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
+        response = await client.post("/admin/reload", headers=ADMIN)
+    assert response.status_code == 422 and response.json()["reloaded"] is False
+    assert app.config.policies["auto"].rules[-1].name == "first"  # not half-applied
+    assert app.access.caller([(b"authorization", f"Bearer {key}".encode())]).name == "ci"
+    await app.aclose()

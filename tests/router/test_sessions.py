@@ -23,7 +23,8 @@ from tests.router._asgi import post_noting_the_end
 pytestmark = pytest.mark.anyio
 
 CONFIG = """
-server: {{decision_log: {{path: "{log}"}}, sessions: {{header: x-conversation}}}}
+server: {{decision_log: {{path: "{log}"}}, sessions: {{header: x-conversation}}, expose_decisions: true,
+         admin_token_env: D3_ADMIN}}
 upstreams:
   small: {{url: http://small.test/v1, model: small-model, tier: 1}}
   large: {{url: http://large.test/v1, model: big-model, tier: 2}}
@@ -86,7 +87,8 @@ def responder(name: str) -> Any:
 async def app(tmp_path: Path, mock: respx.MockRouter) -> AsyncIterator[ProxyApp]:
     FORCED["hard"] = None
     config = parse_config(CONFIG.format(log=tmp_path / "decisions.jsonl"), str(tmp_path / "c.yaml"))
-    proxy = create_app(config, engine=FakeEngine(answers), transport=httpx.AsyncHTTPTransport(), environ={})
+    proxy = create_app(config, engine=FakeEngine(answers), transport=httpx.AsyncHTTPTransport(),
+                       environ={"D3_ADMIN": "admin"})  # fmt: skip
     await proxy.startup()
     yield proxy
     await proxy.aclose()
@@ -285,10 +287,11 @@ async def test_keys_are_hashed_in_the_store_the_log_and_explain(
     assert log_lines(tmp_path)[-1]["session_key"] == keys[0].rsplit(":", 1)[1]
     # explain: what would happen, stored nothing
     body = {"model": "auto", "messages": [*talk.messages, {"role": "user", "content": "easy"}]}
-    explained = await client.post("/v1/d3/explain", json=body, headers={"x-session-id": "secret-session-id"})
+    admin = {"x-d3-admin-token": "admin"}  # explain needs it (issue 25.4); it explains as the same (anonymous) caller
+    explained = await client.post("/v1/d3/explain", json=body, headers={"x-session-id": "secret-session-id", **admin})
     assert explained.json()["session"] == {"outcome": "sticky", "key": keys[0].rsplit(":", 1)[1]}
     assert explained.json()["decision"]["upstreams"] == ["large"]
-    fresh = await client.post("/v1/d3/explain", json=body, headers={"x-session-id": "never-seen"})
+    fresh = await client.post("/v1/d3/explain", json=body, headers={"x-session-id": "never-seen", **admin})
     assert fresh.json()["session"]["outcome"] == "new"
     assert len(store) == 1
 
@@ -334,7 +337,7 @@ def test_escalate_without_tiers_warns_and_a_bad_redis_url_is_refused() -> None:
 
 
 def test_the_salt_comes_from_its_environment_variable(caplog: pytest.LogCaptureFixture) -> None:
-    from router._sessions.session import session_salt
+    from router._sessions.session import SaltMissing, session_salt
 
     caplog.set_level(logging.WARNING, logger="router._sessions.session")
 
@@ -343,7 +346,12 @@ def test_the_salt_comes_from_its_environment_variable(caplog: pytest.LogCaptureF
 
     named = server("{sessions: {salt_env: SALT}, redis: 'redis://r:6379/0'}")
     assert session_salt(named, {"SALT": "pepper"}) == b"pepper"
-    assert session_salt(named, {}) == b"d3-router sessions"  # replicas sharing a Redis agree without it
+    # With Redis, no salt is no start (issue 25.6): a salt in the source would let anyone reading Redis test a guess.
+    with pytest.raises(SaltMissing, match=r"^server.redis shares hashed session and cache keys, but SALT is unset"):
+        session_salt(named, {})
+    with pytest.raises(ConfigError, match=r"set server.sessions.salt_env to a variable every replica reads"):
+        server("{redis: 'redis://r:6379/0'}")
+    assert session_salt(server("{sessions: {salt_env: SALT}}"), {}) != b"d3-router sessions"
     assert "'SALT', which is unset or empty" in caplog.text
     alone = server("{}")
     assert session_salt(alone, {}) != session_salt(alone, {})  # random per process

@@ -17,8 +17,9 @@ from router import create_app
 
 pytestmark = pytest.mark.anyio
 
+# expose_decisions: the tests read x-d3-rule, a debug header (closed by default, issue 25.4).
 CONFIG = """
-server: {{decision_log: {{path: "{log}"}}}}
+server: {{decision_log: {{path: "{log}"}}, expose_decisions: true}}
 upstreams:
   small: {{url: http://small.test/v1, model: small-model}}
   large: {{url: http://large.test/v1, model: big-model}}

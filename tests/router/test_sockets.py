@@ -114,7 +114,9 @@ class Served:
 def stack() -> Iterator[tuple[Served, SlowStreamingUpstream]]:
     upstream = SlowStreamingUpstream()
     with Served(upstream) as served_upstream:
+        # expose_decisions: the test reads x-d3-rule, a debug header (closed by default, issue 25.4).
         config = parse_config(f"""
+server: {{expose_decisions: true}}
 upstreams: {{chat: {{url: "{served_upstream.url}/v1"}}}}
 policies:
   auto:
