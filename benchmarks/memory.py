@@ -16,16 +16,14 @@ import argparse
 import asyncio
 import collections
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks._report import add_arguments, write
+from benchmarks.router import peak_rss_mb, process
 from d3backend import free_port
 
 CONFIG = """
@@ -38,13 +36,6 @@ policies:
       - {{name: default, route: up}}
 """
 UNBOUNDED = ", max_concurrent_requests: 1000000, max_buffered_bytes: 1000000000000"
-
-
-def hwm_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 async def post(port: int, head: bytes, body: bytes) -> int:
@@ -76,28 +67,13 @@ def measure(name: str, limits: str, clients: int, mib: int, work: Path) -> dict[
     config = work / f"{name}.yaml"
     config.write_text(CONFIG.format(body_limit=(mib + 1) * 1024 * 1024, limits=limits), encoding="utf-8")
     port = free_port()
-    log = (work / f"{name}.log").open("w", encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "router", "serve", str(config), "--port", str(port),
-                             "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"d3router serve did not start: see {log.name}") from None
-                time.sleep(0.1)
-        idle = hwm_mb(proc.pid)
+    argv = [sys.executable, "-m", "router", "serve", str(config), "--port", str(port), "--log-level", "warning"]
+    with process(argv, f"http://127.0.0.1:{port}/healthz", log=work / f"{name}.log") as proc:
+        idle = peak_rss_mb(proc.pid)
         start = time.perf_counter()
         statuses = asyncio.run(burst(port, clients, mib))
         elapsed = time.perf_counter() - start
-        peak = hwm_mb(proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        log.close()
+        peak = peak_rss_mb(proc.pid)
     return {"target": name, "clients": clients, "body MiB": mib, "seconds": round(elapsed, 1),
             "idle RSS MB": round(idle, 1), "peak RSS MB": round(peak, 1),
             "403 (decided)": statuses.get(403, 0), "503 (bounded)": statuses.get(503, 0),

@@ -17,6 +17,7 @@ from types import TracebackType
 
 from router._errors import Overloaded
 
+FULL = "the router serves as many requests as it may (server.max_concurrent_requests); retry shortly"
 CURRENT: ContextVar[Ticket | None] = ContextVar("d3_admission", default=None)
 
 

@@ -122,7 +122,7 @@ class Lifecycle:
 
     def hangup(self) -> None:
         """SIGHUP: reopen the decision log (log rotation moved it) and reload the configuration file."""
-        if self.service.decision_log is not None and isinstance(self.service.decision_log, DecisionLog):
+        if isinstance(self.service.decision_log, DecisionLog):  # a stream a library caller gave is theirs
             self.service.decision_log.reopen()
         task = asyncio.get_running_loop().create_task(self.areload())
         self._retiring.add(task)

@@ -38,7 +38,7 @@ from d3backend import DecisionEngine
 from policies import Block, Config, load_config
 from router._apis.body import read_request
 from router._apis.registry import APIS
-from router._asgi.admission import Admission
+from router._asgi.admission import FULL, Admission
 from router._asgi.headers import encode_headers
 from router._asgi.messages import ClientDisconnected, drain
 from router._asgi.relay import BUFFER_LIMIT
@@ -91,8 +91,7 @@ class D3RouterMiddleware:
         ticket = self.admission.enter()
         if ticket is None:
             await drain(receive, self.service.config.server.max_body_bytes)  # nothing kept: the client reads the 503
-            await request.fail(Overloaded("the router serves as many requests as it may "
-                                          "(server.max_concurrent_requests); retry shortly"))  # fmt: skip
+            await request.fail(Overloaded(FULL))
             return
         with ticket:  # the body is held until the app has answered
             try:

@@ -35,8 +35,8 @@ from d3backend import CachedEngine, DecisionEngine, json_bytes
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import CHAT, Api
-from router._apis.registry import APIS, detect
-from router._asgi.admission import Admission
+from router._apis.registry import API_BY_PATH, APIS, detect
+from router._asgi.admission import FULL, Admission
 from router._asgi.headers import Headers, content_length, encode_headers, header
 from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body, send_bytes, send_json
 from router._asgi.relay import UpstreamBroke, relay
@@ -69,7 +69,6 @@ UNLIMITED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes
 Handler = Callable[[Scope, Receive, Send, Caller], Awaitable[None]]
 PUBLIC = frozenset({"/healthz", "/readyz"})  # answered to anyone: a load balancer has no key
 OWN_TOKEN = frozenset({"/metrics", "/admin/reload"})  # their own tokens (server.metrics_token_env, admin_token_env)
-_API_BY_PATH = {api.path: api for api in APIS}
 ADMIN = Caller("admin", "admin", debug=True)  # explain with the admin token
 
 
@@ -139,7 +138,7 @@ class ProxyApp(Lifecycle):
                 except RequestError as exc:
                     if isinstance(exc, Unauthorized):
                         self.service.metrics.request("-", "-", "unauthorized", exc.status)
-                    await _fail(send, exc, _API_BY_PATH.get(path, CHAT))
+                    await _fail(send, exc, API_BY_PATH.get(path, CHAT))
                     return
                 if info is not None:
                     info.caller = caller.id
@@ -148,8 +147,7 @@ class ProxyApp(Lifecycle):
                 if ticket is None:  # the refusal in the API's own shape; the body read and dropped, nothing kept
                     self.service.metrics.request("-", "-", "overloaded", 503)
                     await drain(receive, self.config.server.max_body_bytes)
-                    message = "the router serves as many requests as it may (server.max_concurrent_requests); retry"
-                    await _fail(send, Overloaded(message + " shortly"), _API_BY_PATH.get(path, CHAT))
+                    await _fail(send, Overloaded(FULL), API_BY_PATH.get(path, CHAT))
                     return
             with ticket or contextlib.nullcontext():
                 if handler is not None:
@@ -272,7 +270,7 @@ class ProxyApp(Lifecycle):
             problem = unsafe_path(raw_path)
             if problem is not None:
                 raise BadRequest(f"the path holds {problem}; it is not forwarded")
-            endpoint = decided_path(raw_path, (*_API_BY_PATH, *(p for _, p in self._routes)))
+            endpoint = decided_path(raw_path, (*API_BY_PATH, *(p for _, p in self._routes)))
             if endpoint is not None:  # however spelled, a decided endpoint is never passed through (issue 25.2)
                 raise NoRoute(f"no route for {scope['method']} {scope['path']}; {endpoint} is served as "
                               f"POST {endpoint} only")  # fmt: skip
