@@ -62,12 +62,9 @@ class Forwarder:
         return list(gone.values())
 
     async def close_retired(self, pools: list[httpx.AsyncBaseTransport]) -> None:
-        self.forget_retired(pools)
+        self._retired = {key: pool for key, pool in self._retired.items() if pool not in pools}
         for pool in pools:
             await pool.aclose()
-
-    def forget_retired(self, pools: list[httpx.AsyncBaseTransport]) -> None:
-        self._retired = {key: pool for key, pool in self._retired.items() if pool not in pools}
 
     async def aclose(self) -> None:
         pools = [*self._pools.values(), *self._retired.values()]

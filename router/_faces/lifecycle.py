@@ -204,10 +204,9 @@ class Lifecycle:
             await self.forwarder.close_retired(pools)
 
         task = asyncio.get_running_loop().create_task(retire()) if _loop_running() else None
-        if task is None:  # a reload outside the loop (a library caller): nothing is in flight
-            if log is not None:
+        if task is None:  # a reload outside the loop (a library caller): nothing is in flight; the retired pools
+            if log is not None:  # stay retired and close with the app (closing needs the loop)
                 log.close()
-            self.forwarder.forget_retired(pools)
             return
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
