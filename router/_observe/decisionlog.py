@@ -35,7 +35,7 @@ class DecisionLog:
         self.dropped: Counts[str] = metrics.decision_log_dropped
         self.path = path
         self._file: TextIO | None = file
-        self._queue: collections.deque[str] = collections.deque()
+        self._queue: collections.deque[str | threading.Event] = collections.deque()
         self._max = max_queued
         self._wake = threading.Condition()
         self._closing = False
@@ -68,6 +68,16 @@ class DecisionLog:
             self._queue.append(_REOPEN)  # in order: the lines before it go to the old file
             self._wake.notify()
 
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every line queued before this call is written (or dropped); False if `timeout_s` passed."""
+        done = threading.Event()
+        with self._wake:
+            if self._closing:
+                return True
+            self._queue.append(done)  # in order, as a reopen is
+            self._wake.notify()
+        return done.wait(timeout_s)
+
     def close(self) -> None:
         """Write every queued line, then close the file and end the thread."""
         with self._wake:
@@ -88,7 +98,12 @@ class DecisionLog:
                 closing = self._closing
             lines: list[str] = []
             for item in items:
-                if item is _REOPEN:
+                if isinstance(item, threading.Event):  # a flush: the lines before it are written first
+                    if lines:
+                        self._append(lines)
+                    lines = []
+                    item.set()
+                elif item is _REOPEN:
                     if lines:
                         self._append(lines)
                     lines = []

@@ -4,6 +4,7 @@ decision log names the caller; the middleware takes its caller from the app."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -117,7 +118,12 @@ async def test_a_response_id_continues_only_its_own_callers_session(http: httpx.
 async def test_the_decision_log_names_the_caller(http: httpx.AsyncClient, tmp_path: Path) -> None:
     await http.post("/v1/chat/completions", json=chat("hi"), headers={"authorization": f"Bearer {A}"})
     await http.post("/v1/chat/completions", json=chat("hi"), headers={"authorization": f"Bearer {B}"})
-    callers = [json.loads(line)["caller"] for line in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    path = tmp_path / "decisions.jsonl"
+    for _ in range(1000):  # bounded: the log is written off the request path, by its own thread
+        if len(path.read_text().splitlines()) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    callers = [json.loads(line)["caller"] for line in path.read_text().splitlines()]
     assert len(set(callers)) == 2
     assert all(caller in ("key:a", "key:b") or caller.startswith("anon:") for caller in callers)
     assert not any(A in caller or B in caller for caller in callers)

@@ -161,3 +161,14 @@ async def test_the_middleware_writes_the_decision_log(tmp_path: Path) -> None:
     log.close()
     (entry,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert (entry["policy"], entry["rule"]) == ("auto", "default")
+
+
+def test_flush_waits_for_the_lines_queued_before_it(tmp_path: Path) -> None:
+    file = Blocking()
+    log = DecisionLog(tmp_path / "d.jsonl", file, Metrics())
+    log.write("1\n")
+    assert file.entered.wait(10)
+    assert log.flush(timeout_s=0.05) is False  # the writer still holds line 1
+    file.release.set()
+    assert log.flush() is True and file.getvalue() == "1\n"
+    log.close()
