@@ -126,7 +126,14 @@ def canned_upstream() -> Iterator[str]:
 def test_canned_upstream_speaks_each_api_as_its_sdk_reads_it(canned_upstream: str) -> None:
     """The official SDKs read the canned Responses and Messages answers, plain and streamed, into typed objects:
     the benchmark's upstream answers in the shapes and event formats a real one does."""
-    openai_client = openai.OpenAI(base_url=canned_upstream, api_key="x", max_retries=0)
+    with (
+        openai.OpenAI(base_url=canned_upstream, api_key="x", max_retries=0) as openai_client,
+        anthropic.Anthropic(base_url=canned_upstream.removesuffix("/v1"), api_key="x", max_retries=0) as anthropic_client,
+    ):
+        check_sdks_read(openai_client, anthropic_client)
+
+
+def check_sdks_read(openai_client: openai.OpenAI, anthropic_client: anthropic.Anthropic) -> None:
     response = openai_client.responses.create(model="m", input="hi")
     assert (response.status, response.output_text) == ("completed", "ok")
     events = list(openai_client.responses.create(model="m", input="hi", stream=True))
@@ -137,7 +144,6 @@ def test_canned_upstream_speaks_each_api_as_its_sdk_reads_it(canned_upstream: st
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert events[-1].response.output_text == "t0t1t2t3t4"  # type: ignore[union-attr]
 
-    anthropic_client = anthropic.Anthropic(base_url=canned_upstream.removesuffix("/v1"), api_key="x", max_retries=0)
     message = anthropic_client.messages.create(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
     assert (message.stop_reason, message.content[0].text) == ("end_turn", "ok")  # type: ignore[union-attr]
     with anthropic_client.messages.stream(model="m", max_tokens=8, messages=[{"role": "user", "content": "hi"}]) as s:

@@ -59,14 +59,18 @@ def ask(client: openai.OpenAI, model: str = "auto") -> object:
 def test_the_sdks_raise_authentication_error_without_a_good_key(served: tuple[str, list[dict[str, str]]]) -> None:
     url, seen = served
     for key in ("", "sk-wrong-0123456789abcdef"):
-        with pytest.raises(openai.AuthenticationError) as info:
-            ask(openai.OpenAI(base_url=f"{url}/v1", api_key=key or "x", max_retries=0,
-                              default_headers={"authorization": ""} if not key else None))  # fmt: skip
+        with (
+            openai.OpenAI(base_url=f"{url}/v1", api_key=key or "x", max_retries=0,
+                          default_headers={"authorization": ""} if not key else None) as client,
+            pytest.raises(openai.AuthenticationError) as info,
+        ):  # fmt: skip
+            ask(client)
         assert info.value.code == "invalid_api_key"
-        with pytest.raises(anthropic.AuthenticationError):
-            anthropic.Anthropic(base_url=url, api_key=key or "x", max_retries=0).messages.create(
-                model="auto", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
-            )
+        with (
+            anthropic.Anthropic(base_url=url, api_key=key or "x", max_retries=0) as claude,
+            pytest.raises(anthropic.AuthenticationError),
+        ):
+            claude.messages.create(model="auto", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
     assert seen == []
 
 
@@ -74,16 +78,17 @@ def test_a_key_uses_only_its_policies_and_the_upstream_never_sees_it(
     served: tuple[str, list[dict[str, str]]],
 ) -> None:
     url, seen = served
-    bob = openai.OpenAI(base_url=f"{url}/v1", api_key=BOB, max_retries=0)
-    assert [model.id for model in bob.models.list()] == ["other"]
-    ask(bob, "other")
-    with pytest.raises(openai.NotFoundError) as info:
-        ask(bob, "auto")
+    with openai.OpenAI(base_url=f"{url}/v1", api_key=BOB, max_retries=0) as bob:
+        assert [model.id for model in bob.models.list()] == ["other"]
+        ask(bob, "other")
+        with pytest.raises(openai.NotFoundError) as info:
+            ask(bob, "auto")
     assert info.value.code == "model_not_found"
-    claude = anthropic.Anthropic(base_url=url, api_key=BOB, max_retries=0)
-    claude.messages.with_raw_response.create(model="other", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
-    with pytest.raises(anthropic.NotFoundError):
-        claude.messages.create(model="auto", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    hi = [{"role": "user", "content": "hi"}]
+    with anthropic.Anthropic(base_url=url, api_key=BOB, max_retries=0) as claude:
+        claude.messages.with_raw_response.create(model="other", max_tokens=5, messages=hi)  # type: ignore[arg-type]
+        with pytest.raises(anthropic.NotFoundError):
+            claude.messages.create(model="auto", max_tokens=5, messages=hi)  # type: ignore[arg-type]
     assert len(seen) == 2
     for headers in seen:
         lowered = {k.lower(): v for k, v in headers.items()}
@@ -98,14 +103,17 @@ def test_the_rate_limit_holds_across_two_replicas_sharing_redis(tmp_path: Path, 
         path.write_text(CONFIG.format(port=port, redis=redis), encoding="utf-8")
         (first, one), (second, two) = serve(path), serve(path)
         try:
-            clients = [openai.OpenAI(base_url=f"{url}/v1", api_key=ALICE, max_retries=0) for url in (first, second)]
-            ask(clients[0])
-            ask(clients[1])
-            for client in clients:
-                with pytest.raises(openai.RateLimitError) as info:
-                    ask(client)
-                assert info.value.code == "rate_limit_exceeded"
-                assert int(info.value.response.headers["retry-after"]) > 0
+            with (
+                openai.OpenAI(base_url=f"{first}/v1", api_key=ALICE, max_retries=0) as one_client,
+                openai.OpenAI(base_url=f"{second}/v1", api_key=ALICE, max_retries=0) as two_client,
+            ):
+                ask(one_client)
+                ask(two_client)
+                for client in (one_client, two_client):
+                    with pytest.raises(openai.RateLimitError) as info:
+                        ask(client)
+                    assert info.value.code == "rate_limit_exceeded"
+                    assert int(info.value.response.headers["retry-after"]) > 0
             assert len(seen) == 2
         finally:
             stop(one)
