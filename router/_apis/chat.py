@@ -73,6 +73,11 @@ class Api:
               ) -> bytes:  # fmt: skip
         return error_payload(message, type_, code, param)
 
+    def stream_error(self, message: str) -> bytes:
+        """The event that ends a started stream whose upstream broke off: OpenAI's mid-stream error (a `data:` line
+        with an `error` object), which the SDKs raise as an APIError."""
+        return b"data: " + self.error(502, message, "upstream_error") + b"\n\n"
+
     def key_headers(self, key: str) -> Headers:
         return [(b"authorization", f"Bearer {key}".encode("latin-1", "replace"))]
 

@@ -99,6 +99,10 @@ class Messages(Api):
         kind = _ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
         return json.dumps({"type": "error", "error": {"type": kind, "message": message}}).encode()
 
+    def stream_error(self, message: str) -> bytes:
+        """Anthropic's `event: error` (the SDK raises it as an APIStatusError)."""
+        return b"event: error\ndata: " + self.error(502, message, "api_error") + b"\n\n"
+
     def key_headers(self, key: str) -> Headers:
         return [(b"x-api-key", key.encode("latin-1", "replace"))]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,11 @@ class Responses(Api):
     path = "/v1/responses"
     upstream_path = "/responses"
     chains_answers = True
+
+    def stream_error(self, message: str) -> bytes:
+        """The Responses stream's `error` event (its `sequence_number` is not known here: the SDKs do not check it)."""
+        event = {"type": "error", "code": "upstream_error", "message": message, "param": None, "sequence_number": 0}
+        return b"event: error\ndata: " + json.dumps(event).encode() + b"\n\n"
 
     def turns(self, body: Mapping[str, Any], content: Content) -> list[Turn]:
         turns = []

@@ -24,12 +24,14 @@ async def relay(
     extra: Headers,
     upstream: str = "upstream",
     on_whole: Callable[[bytes], Awaitable[None]] | None = None,
+    ending: bytes = b"",
 ) -> bool:
     """Send `response` to the client: status, headers (hop-by-hop removed), raw bytes. An event stream goes on as it
     arrives, unbuffered. Any other body is read whole first (up to `BUFFER_LIMIT`, then streamed), so an upstream
     that breaks off mid-way raises `UpstreamBroke` while nothing has reached the client, and the caller can try
-    another upstream or answer 502. Once started, a break logs one warning, leaves the response incomplete (the
-    server closes the connection: the client sees the cut) and returns False. The upstream response is closed.
+    another upstream or answer 502. Once started, a break logs one warning and returns False: an event stream ends
+    with `ending` (the client API's error event: the SDKs raise it instead of a cut connection), any other body is
+    left incomplete (the server closes the connection: the client sees the cut). The upstream response is closed.
     A body read whole is given to `on_whole` before the client has it (the session of a Responses answer's id: stored
     before the client can send its next turn, perhaps to another replica)."""
     raw = response.headers.raw
@@ -42,8 +44,9 @@ async def relay(
     # cancel this task, and a close that waits (httpx's own pool) would be cut short and leak its connection.
     stream = cast(AsyncIterable[bytes], response.stream).__aiter__()  # one iterator: the loops below go on in it
     chunks: list[bytes] = []
+    events = response.headers.get("content-type", "").startswith("text/event-stream")
     try:
-        if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        if not events:
             size = 0
             try:
                 async for chunk in stream:
@@ -64,12 +67,18 @@ async def relay(
         await send(start)
         for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        last = chunks[-1] if chunks else b"\n\n"
         try:
-            async for chunk in stream:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            async for last in stream:
+                await send({"type": "http.response.body", "body": last, "more_body": True})
         except httpx.HTTPError as exc:
-            logger.warning("upstream %r broke off its response mid-way (%s); the client's response is cut short",
+            logger.warning("upstream %r broke off its response mid-way (%s); the client's response ends there",
                            upstream, type(exc).__name__)  # fmt: skip
+            if not (events and ending):  # only the cut says it
+                return False
+            # An event cut in two is closed first, so that the error is an event of its own.
+            tail = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
+            await send({"type": "http.response.body", "body": tail + ending, "more_body": False})
             return False
         await response.aclose()  # before the answer ends (see above)
         await send({"type": "http.response.body", "body": b"", "more_body": False})

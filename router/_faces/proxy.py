@@ -236,7 +236,8 @@ class ProxyApp(Lifecycle):
                 remember = turn.remember if turn is not None and turn.wants_answer and response.is_success else None
                 try:
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
-                    if not await relay(response, request.send, headers, name, remember):
+                    ending = api.stream_error(f"upstream {name!r} broke off its answer")
+                    if not await relay(response, request.send, headers, name, remember, ending):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1

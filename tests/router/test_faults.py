@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from starlette.types import Receive, Scope, Send
 
@@ -133,12 +134,12 @@ def test_a_hanging_upstream_is_a_504_after_its_timeout(stack: tuple[Served, Engi
 def test_a_broken_upstream_stream_ends_the_clients_stream_with_an_error(stack: tuple[Served, Engine, Upstream]) -> None:
     proxy, _, upstream = stack
     upstream.mode = "break"
-    body = {"model": "auto", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
     start = time.monotonic()
-    with pytest.raises(httpx.RemoteProtocolError):  # an incomplete chunked body, not a clean end
-        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=body, timeout=10) as response:
-            assert response.status_code == 200
-            for _ in response.iter_bytes():
+    # A whole response ending with OpenAI's mid-stream error event, which the SDK raises: not a cut connection.
+    with openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="x", max_retries=0, timeout=10) as client:
+        stream = client.chat.completions.create(model="auto", stream=True, messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.APIError, match=r"^upstream 'chat' broke off its answer$"):
+            for _ in stream:
                 pass
     assert time.monotonic() - start < 5  # and it does not hang
     upstream.mode = "ok"

@@ -149,18 +149,34 @@ policies:
     assert not any(record.exc_info for record in caplog.records)
 
 
-def test_a_stream_cut_mid_way_is_one_warning_not_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
+# Per client API: its path, and how its stream's error event begins.
+ENDINGS = {
+    "/v1/chat/completions": b'data: {"error": {"message": "upstream \'cut\' broke off its answer"',
+    "/v1/completions": b'data: {"error": {"message": "upstream \'cut\' broke off its answer"',
+    "/v1/responses": b'event: error\ndata: {"type": "error", "code": "upstream_error"',
+    "/v1/messages": b'event: error\ndata: {"type": "error", "error": {"type": "api_error"',
+}
+
+
+@pytest.mark.parametrize("path", list(ENDINGS))
+def test_a_stream_cut_mid_way_ends_with_the_apis_error_event_and_one_warning(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The cut falls inside an event: that event is closed, then the client API's own error event ends a whole
+    response (issue 24: faults under load), with one warning and no traceback."""
+    body = {"model": "auto", "stream": True, "max_tokens": 5, "prompt": "hi", "input": "hi", **CHAT}
     with Served(Cut(b"text/event-stream")) as cut:
         config = parse_config(f'upstreams: {{cut: {{url: "{cut.url}/v1"}}}}\n'
                               "policies: {auto: {rules: [{name: default, route: cut}]}}\n")  # fmt: skip
         with Served(create_app(config)) as proxy, caplog.at_level(logging.WARNING):
-            with pytest.raises(httpx.RemoteProtocolError):  # the client sees the cut, not a clean end
-                with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json=CHAT, timeout=10) as response:
-                    for _ in response.iter_bytes():
-                        pass
+            answer = httpx.post(f"{proxy.url}{path}", json=body, timeout=10)  # whole: no RemoteProtocolError
+    assert answer.status_code == 200
+    assert answer.content.startswith(b'{"object": "chat.comp\n\n' + ENDINGS[path])
+    assert answer.content.endswith(b"}\n\n")
+    json.loads(answer.content.rsplit(b"data: ", 1)[1])
     ours = [r for r in caplog.records if r.name.startswith("router")]
     assert [r.getMessage() for r in ours] == [
-        "upstream 'cut' broke off its response mid-way (RemoteProtocolError); the client's response is cut short"
+        "upstream 'cut' broke off its response mid-way (RemoteProtocolError); the client's response ends there"
     ]
     assert not any(record.exc_info for record in caplog.records)
     assert not any("Exception in ASGI application" in record.getMessage() for record in caplog.records)

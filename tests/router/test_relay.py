@@ -108,3 +108,49 @@ async def test_headers_the_upstreams_connection_header_names_are_dropped() -> No
     names = [name.lower() for name, _ in sent[0]["headers"]]
     assert b"x-upstream-secret" not in names and b"connection" not in names
     assert b"x-kept" in names and body == b"{}"
+
+
+class Breaks(httpx.AsyncByteStream):
+    """An event stream that breaks off after its pieces, as an upstream killed mid-stream does."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+@pytest.mark.parametrize(
+    ("pieces", "tail"),
+    [((b'data: {"a": 1}\n\n',), b""), ((b'data: {"a": 1}\n\n', b'data: {"a"'), b"\n\n"), ((), b"")],
+    ids=["between-events", "inside-an-event", "before-any-event"],
+)
+async def test_a_stream_that_breaks_off_ends_with_the_apis_error_event(pieces: tuple[bytes, ...], tail: bytes) -> None:
+    """Issue 24 (faults under load): a started stream whose upstream dies ends, whole, with the client API's error
+    event (its own event, even when the cut fell inside one), not with a cut connection the SDKs report as a
+    protocol error."""
+    headers = [(b"content-type", b"text/event-stream")]
+    response = httpx.Response(200, headers=headers, stream=Breaks(*pieces))
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    assert not await relay(response, send, [], "up", ending=b"event: error\ndata: {}\n\n")
+    body = b"".join(message.get("body", b"") for message in sent[1:])
+    assert body == b"".join(pieces) + tail + b"event: error\ndata: {}\n\n"
+    assert sent[-1]["more_body"] is False
+    assert response.is_closed
+
+
+async def test_a_stream_that_breaks_off_without_an_ending_is_cut() -> None:
+    response = httpx.Response(200, headers=[(b"content-type", b"text/event-stream")], stream=Breaks(b"data: 1\n\n"))
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    assert not await relay(response, send, [], "up")
+    assert [message.get("more_body") for message in sent[1:]] == [True]
