@@ -128,7 +128,9 @@ def test_canned_upstream_speaks_each_api_as_its_sdk_reads_it(canned_upstream: st
     the benchmark's upstream answers in the shapes and event formats a real one does."""
     with (
         openai.OpenAI(base_url=canned_upstream, api_key="x", max_retries=0) as openai_client,
-        anthropic.Anthropic(base_url=canned_upstream.removesuffix("/v1"), api_key="x", max_retries=0) as anthropic_client,
+        anthropic.Anthropic(
+            base_url=canned_upstream.removesuffix("/v1"), api_key="x", max_retries=0
+        ) as anthropic_client,
     ):
         check_sdks_read(openai_client, anthropic_client)
 
