@@ -47,6 +47,7 @@ class Lifecycle:
     _generation: Generation
     admission: Admission
     _retiring: set[asyncio.Task[Any]]
+    _reload_lock: asyncio.Lock
 
     @property
     def config(self) -> Config:
@@ -137,13 +138,17 @@ class Lifecycle:
         return generation
 
     async def areload(self) -> Reloaded:
-        """`reload`, with the file read and parsed on a worker thread, off the event loop."""
-        file = self.config.file
-        try:
-            config = await asyncio.to_thread(load_config, file)
-        except (ConfigError, OSError) as exc:
-            return self._refused(file, exc)
-        return self.apply(config)
+        """`reload` off the event loop: the file read and parsed, the keys file read and the decision log opened on a
+        worker thread; then the swap, on the loop. One reload at a time (the watcher, SIGHUP and /admin/reload may
+        meet): a second one builds on what the first swapped in."""
+        async with self._reload_lock:
+            file = self.config.file
+            try:
+                config = await asyncio.to_thread(load_config, file)
+                built = await asyncio.to_thread(self._build, config)
+            except (ConfigError, RuntimeError, OSError) as exc:
+                return self._refused(file, exc)
+            return self._swap(built)
 
     def reload(self) -> Reloaded:
         """Load the configuration file again and swap it in whole; a broken file keeps the running one."""
@@ -157,21 +162,31 @@ class Lifecycle:
     def apply(self, config: Config) -> Reloaded:
         """Swap in `config` with everything it needs, built first: a failure anywhere keeps the running
         configuration whole (one log line, the reason returned). What needs a restart is said, not half-applied."""
-        old = self.config
         try:
-            self.service.check(config)
-            keys = self.access.build(config)  # the keys file too; a broken one keeps the running keys and configuration
-            log = self.service.decision_log
-            if config.server.decision_log != old.server.decision_log or Path(config.file) != Path(old.file):
-                log = open_decision_log(config, self.service.metrics)
+            built = self._build(config)
         except (ConfigError, RuntimeError, OSError) as exc:
             return self._refused(config.file, exc)
+        return self._swap(built)
+
+    def _build(self, config: Config) -> _Built:
+        """Everything `config` needs that can fail (its checks, the keys file, a new decision log), touching nothing
+        in force: safe on a worker thread."""
+        old = self.config
+        self.service.check(config)
+        keys = self.access.build(config)  # the keys file too; a broken one keeps the running keys and configuration
+        log = self.service.decision_log
+        if config.server.decision_log != old.server.decision_log or Path(config.file) != Path(old.file):
+            log = open_decision_log(config, self.service.metrics)
+        return _Built(config, old, keys, log)
+
+    def _swap(self, built: _Built) -> Reloaded:
+        """The swap, in one step: nothing here can fail."""
+        config, old, log = built.config, built.old, built.log
         restart = restart_needed(old, config)
-        # The swap, in one step: nothing below can fail.
         retired_log = self.service.decision_log if log is not self.service.decision_log else None
         self.service.decision_log = log
         self.service.swap(config)
-        self.access.use(config, keys)
+        self.access.use(config, built.keys)
         if "server.sessions.salt_env" not in restart:
             self.sessions.settings = config.server.sessions
         pools = self.forwarder.retire(config)
@@ -210,6 +225,16 @@ class Lifecycle:
             return
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
+
+
+@dataclass(frozen=True)
+class _Built:
+    """What a reload built for its swap: the configuration, the one it replaces, its keys and decision log."""
+
+    config: Config
+    old: Config
+    keys: dict[bytes, Any]
+    log: DecisionLog | TextIO | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ API's own shape, before its body is read (router/_faces/auth.py). Then its key's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -97,7 +98,7 @@ class ProxyApp(Lifecycle):
         self.ready = self.service.engine is None
         self.draining = False  # set on SIGTERM (router._faces.serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
-        self._generation, self._retiring = Generation(), set()
+        self._generation, self._retiring, self._reload_lock = Generation(), set(), asyncio.Lock()
         self.admission = Admission(config.server.max_concurrent_requests, config.server.max_buffered_bytes)
         self.on_startup: list[Callable[[], Any]] = []  # run after the engine started (e.g. a file watcher)
         self._background: list[Any] = []

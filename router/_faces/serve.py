@@ -64,6 +64,9 @@ async def serve(
 
 
 CONFIG_ENV = "D3ROUTER_CONFIG"
+WORKER_PING_S = (
+    60  # how long a worker may not answer its supervisor (starting, or its loop stalled) before it is replaced
+)
 LOG_CONFIG_ENV = "D3ROUTER_LOG_CONFIG"  # the logging configuration, as JSON, for the workers (`worker_app`)
 
 
@@ -82,12 +85,15 @@ def serve_workers(
         os.environ[LOG_CONFIG_ENV] = json.dumps(log_config)
     logger.info("d3router: serving %s on http://%s:%d with %d workers", config.file, host, port, workers)
     # uvicorn's supervisor relays SIGTERM to the workers; they finish in-flight requests within grace_s (no drain:
-    # on Kubernetes, scale with replicas of one process each).
+    # on Kubernetes, scale with replicas of one process each). A worker that does not answer the supervisor's ping
+    # within WORKER_PING_S is killed and replaced: uvicorn's 5 s killed workers still importing on a loaded 2-core
+    # machine, again and again (tests/router/test_serve.py::test_two_workers_serve_and_reload, under CI's load).
     with metrics_dir():
         uvicorn.run("router._faces.serve:worker_app", factory=True, host=host, port=port, workers=workers,
                     lifespan="on", log_level=log_level, access_log=False, server_header=False, date_header=False,
                     log_config=uvicorn.config.LOGGING_CONFIG if log_config is None else log_config,
-                    timeout_graceful_shutdown=config.server.grace_s)  # fmt: skip
+                    timeout_graceful_shutdown=config.server.grace_s,
+                    timeout_worker_healthcheck=WORKER_PING_S)  # fmt: skip
     return 0
 
 

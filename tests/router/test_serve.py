@@ -134,7 +134,7 @@ def test_two_workers_serve_and_reload(tmp_path: Path) -> None:
                                 "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        assert wait_for(lambda: _alive(url)), "the workers did not start"
+        assert wait_for(lambda: _alive(url), 120), "the workers did not start"
         assert all(models(url) == ["first"] for _ in range(10))
         path.write_text(CONFIG.format(policies=policies("second")), encoding="utf-8")
         assert wait_for(lambda: all(models(url) == ["second"] for _ in range(10))), "not every worker reloaded"
