@@ -24,16 +24,16 @@ async def relay(
     extra: Headers,
     upstream: str = "upstream",
     on_whole: Callable[[bytes], Awaitable[None]] | None = None,
-    ending: bytes = b"",
+    ending: Callable[[], bytes] | None = None,
 ) -> bool:
     """Send `response` to the client: status, headers (hop-by-hop removed), raw bytes. An event stream goes on as it
     arrives, unbuffered. Any other body is read whole first (up to `BUFFER_LIMIT`, then streamed), so an upstream
     that breaks off mid-way raises `UpstreamBroke` while nothing has reached the client, and the caller can try
     another upstream or answer 502. Once started, a break logs one warning and returns False: an event stream ends
-    with `ending` (the client API's error event: the SDKs raise it instead of a cut connection), any other body is
-    left incomplete (the server closes the connection: the client sees the cut). The upstream response is closed.
-    A body read whole is given to `on_whole` before the client has it (the session of a Responses answer's id: stored
-    before the client can send its next turn, perhaps to another replica)."""
+    with what `ending()` makes (the client API's error event: the SDKs raise it instead of a cut connection), any
+    other body is left incomplete (the server closes the connection: the client sees the cut). The upstream response
+    is closed. A body read whole is given to `on_whole` before the client has it (the session of a Responses answer's
+    id: stored before the client can send its next turn, perhaps to another replica)."""
     raw = response.headers.raw
     named = {token.strip().lower() for k, v in raw if k.lower() == b"connection" for token in v.split(b",")}
     headers = [(k, v) for k, v in raw if k.lower() not in HOP_BY_HOP_RAW and k.lower() not in named] + extra
@@ -74,11 +74,11 @@ async def relay(
         except httpx.HTTPError as exc:
             logger.warning("upstream %r broke off its response mid-way (%s); the client's response ends there",
                            upstream, type(exc).__name__)  # fmt: skip
-            if not (events and ending):  # only the cut says it
+            if not events or ending is None:  # only the cut says it
                 return False
             # An event cut in two is closed first, so that the error is an event of its own.
             tail = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
-            await send({"type": "http.response.body", "body": tail + ending, "more_body": False})
+            await send({"type": "http.response.body", "body": tail + ending(), "more_body": False})
             return False
         await response.aclose()  # before the answer ends (see above)
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -237,7 +237,8 @@ class ProxyApp(Lifecycle):
                 remember = turn.remember if turn is not None and turn.wants_answer and response.is_success else None
                 try:
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
-                    ending = api.stream_error(f"upstream {name!r} broke off its answer")
+                    broke = f"upstream {name!r} broke off its answer"
+                    ending = functools.partial(api.stream_error, broke)  # made only if it breaks off
                     if not await relay(response, request.send, headers, name, remember, ending):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502

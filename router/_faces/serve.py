@@ -64,9 +64,8 @@ async def serve(
 
 
 CONFIG_ENV = "D3ROUTER_CONFIG"
-WORKER_PING_S = (
-    60  # how long a worker may not answer its supervisor (starting, or its loop stalled) before it is replaced
-)
+# How long a worker may not answer its supervisor (starting, or its loop stalled) before it is replaced.
+WORKER_PING_S = 60
 LOG_CONFIG_ENV = "D3ROUTER_LOG_CONFIG"  # the logging configuration, as JSON, for the workers (`worker_app`)
 
 

@@ -138,7 +138,7 @@ async def test_a_stream_that_breaks_off_ends_with_the_apis_error_event(pieces: t
     async def send(message: Message) -> None:
         sent.append(message)
 
-    assert not await relay(response, send, [], "up", ending=b"event: error\ndata: {}\n\n")
+    assert not await relay(response, send, [], "up", ending=lambda: b"event: error\ndata: {}\n\n")
     body = b"".join(message.get("body", b"") for message in sent[1:])
     assert body == b"".join(pieces) + tail + b"event: error\ndata: {}\n\n"
     assert sent[-1]["more_body"] is False
