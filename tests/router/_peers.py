@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -57,6 +58,21 @@ def wait_serving(url: str, process: subprocess.Popen[bytes], wait_s: float = 30.
         except httpx.HTTPError:
             time.sleep(0.1)
     return False
+
+
+def wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path, wait_s: float) -> None:
+    """Wait until the router at `url` answers `/readyz` with 200 (its engine can decide); fail with the end of its
+    log if the process exits or `wait_s` passes first."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"d3router serve did not become ready:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.2)
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import anthropic
-import httpx
 import openai
 import pytest
 
 from d3backend import VllmServer, free_port
 from tests.conftest import SERVED_MODEL
+from tests.router._peers import wait_until_ready
 
 pytestmark = pytest.mark.engine
 
@@ -60,16 +59,7 @@ policies:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"d3router serve did not become ready:\n{(config.parent / 'router.log').read_text()}")
-            time.sleep(0.2)
+        wait_until_ready(url, process, config.parent / "router.log", 60)
         yield url
     finally:
         process.terminate()

@@ -8,16 +8,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from d3backend import ChoiceAnswer, Noul, RemoteEngine, free_port
 from tests.conftest import SERVED_MODEL, require_vllm
+from tests.router._peers import wait_until_ready
 
 pytestmark = pytest.mark.engine
 
@@ -47,16 +46,8 @@ policies:
                                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 300  # vLLM's start on 2 shared cores; the test's outcome does not hang on it
-            while True:
-                try:
-                    if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"d3router serve did not become ready:\n{(folder / 'router.log').read_text()[-3000:]}")
-                time.sleep(0.5)
+            # vLLM's start on 2 shared cores; the test's outcome does not hang on it
+            wait_until_ready(url, process, folder / "router.log", 300)
             yield url
         finally:
             os.killpg(process.pid, signal.SIGTERM)  # the router and vLLM's engine-core child
