@@ -195,8 +195,8 @@ class _Compiler:
                 try:
                     condition, names = compile_condition(rule_spec.when, declared)
                     referenced |= names
-                except ExpressionError as exc:
-                    self.issue((*rule_path, "when"), str(exc))
+                except ExpressionError as exc:  # the rule by name: a file's rules are many
+                    self.issue((*rule_path, "when"), f"rule {rule_spec.name!r}: {exc}")
             action = self.action(rule_spec, rule_path)
             self.params(rule_spec, spec.apis, rule_path)
             if rule_spec.when is None and action is not None and terminal is None:
