@@ -248,7 +248,7 @@ class _Compiler:
         if left.type != right.type or left.type == "list":
             hint = ""
             for this, other in ((left, right), (right, left)):
-                if this.type == "number" and other.is_const and other.type == "string" and this.text:
+                if this.type == "number" and other.is_const and other.type == "string" and this.text and not this.owner:
                     hint = f"; for a level's or option's probability write e.g. `{this.text}.{other.const} > 0.5`"
             raise self.error(f"cannot compare {self.kind_of(left)} with {self.kind_of(right)}{hint}", pos)
         if left.type in ("string", "bool") and op not in ("==", "!="):
