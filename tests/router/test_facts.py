@@ -206,3 +206,31 @@ def dataclasses_replace_hosts() -> Any:
 )
 def test_the_token_estimate(text: str, turns: int, expected: int) -> None:
     assert estimate_tokens(text, turns) == expected
+
+
+# --- the middleware passes the same facts ---------------------------------------------------------------------------
+async def test_the_middleware_decides_on_facts_without_the_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from d3backend import FakeEngine
+    from router import D3RouterMiddleware
+
+    async def handler(request: Request) -> JSONResponse:
+        return JSONResponse({"rule": request.state.d3.decision.rule})
+
+    for name, value in {"K_WEB": WEB, "K_NIGHTLY": NIGHTLY, "K_DEBUG": DEBUG}.items():
+        monkeypatch.setenv(name, value)
+    engine = FakeEngine({"jailbreak": 0.01})
+    middleware = [Middleware(D3RouterMiddleware, config=parse_config(CONFIG, "c.yaml"), engine=engine)]
+    app = Starlette(routes=[Route("/v1/chat/completions", handler, methods=["POST"])], middleware=middleware)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
+        long = await http.post(PATHS["chat"], json=body("chat", LONG), headers=key(WEB))
+        batch = await http.post(PATHS["chat"], json=body("chat", "hi"), headers=key(NIGHTLY))
+        assert (long.json(), batch.json()) == ({"rule": "long-context"}, {"rule": "batch"})
+        assert engine.calls == []
+        web = await http.post(PATHS["chat"], json=body("chat", "hi"), headers=key(WEB))
+        assert web.json() == {"rule": "default"} and len(engine.calls) == 1
