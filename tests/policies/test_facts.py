@@ -228,3 +228,11 @@ def test_the_examples_facts_policy_decides_its_own_cases() -> None:
     results = [run_test(config.policies[case.policy], case) for case in config.tests]
     assert all(result.passed for result in results), [result.message for result in results]
     assert re.search(r"request\.tokens > \d+", config.policies["auto"].rules[0].when or "")
+
+
+def test_every_fact_is_documented() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "policies.md").read_text()
+    for name, fact in FACTS.items():
+        assert f"| `{name}` | {'condition' if fact.type == 'bool' else fact.type} |" in page, name

@@ -234,3 +234,19 @@ async def test_the_middleware_decides_on_facts_without_the_engine(monkeypatch: p
         assert engine.calls == []
         web = await http.post(PATHS["chat"], json=body("chat", "hi"), headers=key(WEB))
         assert web.json() == {"rule": "default"} and len(engine.calls) == 1
+
+
+async def test_the_decision_log_carries_the_facts_and_no_answers() -> None:
+    import io
+
+    from d3backend import FakeEngine
+    from router._decision.service import RouterService
+
+    log = io.StringIO()
+    engine = FakeEngine({"jailbreak": 0.01})
+    service = RouterService(parse_config(CONFIG, "c.yaml"), engine, decision_log=log)
+    d3 = await service.decide(service.config.policies["auto"], body("chat", LONG), caller="key:web")
+    line = json.loads(log.getvalue())
+    assert (line["rule"], line["answers"], line["skipped"]) == ("long-context", {}, ["jailbreak"])
+    assert line["facts"] == dict(d3.facts) and line["facts"]["caller.name"] == ""  # no caller facts given: empty
+    assert engine.calls == [] and d3.engine_calls == 0
