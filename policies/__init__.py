@@ -10,8 +10,10 @@ Pure: reads its files and nothing else.
 
 from policies._access import AuthSettings, ClientKeySpec, GroupSpec, RateSpec
 from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
-from policies._expr import Condition, ExpressionError, compile_condition
+from policies._expr import Condition, compile_condition
+from policies._facts import FACTS, Fact, Facts, FactValue
 from policies._keys import load_keys
+from policies._lexer import ExpressionError
 from policies._load import Config, build_question, load_config, parse_config
 from policies._params import API_TITLES, APIS, PARAMS, ApiName, param_path
 from policies._policy import Action, Block, Decision, Policy, Route, Rule, SessionSettings, StateSettings, Step
@@ -33,6 +35,7 @@ from policies._testing import PolicyTest, TestResult, run_test
 __all__ = [
     "APIS",
     "API_TITLES",
+    "FACTS",
     "PARAMS",
     "Action",
     "ApiName",
@@ -50,6 +53,9 @@ __all__ = [
     "EngineSettings",
     "EvaluationError",
     "ExpressionError",
+    "Fact",
+    "FactValue",
+    "Facts",
     "GroupSpec",
     "Issue",
     "Policy",

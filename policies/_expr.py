@@ -8,8 +8,9 @@
     kind in ["code", "math"]                membership; also `not in`
     0.2 < jailbreak <= 0.9                  chained comparisons
     not (pii > 0.5)                         `and`, `or`, `not`, parentheses; `true`, `false`
+    request.tokens > 100000                 a fact (policies/_facts.py): the router knows it, the engine is not asked
 
-Every name and option is checked against the declared questions, and every operand's type against its
+Every name and option is checked against the declared questions and the facts, and every operand's type against its
 operator, when the policy loads. `compile_condition` returns a plain closure over the answers mapping.
 """
 
@@ -22,23 +23,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from d3backend import Answer, Choice, Noul, Question, Score
+from d3backend import Choice, Noul, Question, Score
+from policies._facts import FACTS, SCOPES
+from policies._lexer import ExpressionError, Token, tokenize, unquote
 
-Condition = Callable[[Mapping[str, Answer]], bool]
-_Fn = Callable[[Any], Any]  # over the answers mapping; each closure knows its question's answer type
+# Over what is known by name: the engine's answers by question id, the facts by their dotted names.
+Condition = Callable[[Mapping[str, Any]], bool]
+_Fn = Callable[[Any], Any]  # over that mapping; each closure knows its value's type
 
-_TOKEN = re.compile(
-    r"""
-    (?P<space>\s+)
-  | (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
-  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
-  | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<op>==|!=|<=|>=|<|>|\(|\)|\[|\]|,|\.|-)
-    """,
-    re.VERBOSE,
-)
 MAX_EXPRESSION_DEPTH = 64  # nesting of parentheses, `not` and lists; issue 19.7
-_KEYWORDS = {"and", "or", "not", "in", "true", "false"}
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "==": operator.eq,
     "!=": operator.ne,
@@ -47,24 +40,6 @@ _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     ">": operator.gt,
     ">=": operator.ge,
 }
-_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
-
-
-class ExpressionError(Exception):
-    """A `when` condition that does not parse or does not type-check; `pos` is the fault's offset."""
-
-    def __init__(self, message: str, source: str, pos: int, *, show_source: bool = True) -> None:
-        self.message = message
-        self.source = source
-        self.pos = pos
-        super().__init__(f"{message}\n    {source}\n    {' ' * pos}^" if show_source else message)
-
-
-@dataclass(frozen=True, slots=True)
-class _Token:
-    kind: str  # number, string, name, keyword, op, end
-    text: str
-    pos: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +52,8 @@ class _Typed:
     const: Any = None
     is_const: bool = False
     choice: str | None = None  # set when this is a choice's pick, to check compared options
+    options: tuple[str, ...] | None = None  # the values a string fact takes, to check compared ones
+    owner: str = ""  # whose options they are, for messages
     what: str = ""  # what the value is, for messages
     text: str = ""  # the operand as written, for hints
 
@@ -108,28 +85,6 @@ def _negate(inner: _Fn) -> _Fn:
     return lambda answers: not inner(answers)
 
 
-def _tokenize(source: str) -> list[_Token]:
-    tokens: list[_Token] = []
-    pos = 0
-    while pos < len(source):
-        match = _TOKEN.match(source, pos)
-        if match is None:
-            raise ExpressionError(f"unexpected character {source[pos]!r}", source, pos)
-        kind = match.lastgroup or ""
-        text = match.group()
-        if kind == "name" and text in _KEYWORDS:
-            kind = "keyword"
-        if kind != "space":
-            tokens.append(_Token(kind, text, pos))
-        pos = match.end()
-    tokens.append(_Token("end", "", len(source)))
-    return tokens
-
-
-def _unquote(text: str) -> str:
-    return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), text[1:-1])
-
-
 def _unknown(what: str, word: str, owner: str, known: Any) -> str:
     """`unknown option 'cod' of choice 'kind'; expected one of 'code', 'chat' (did you mean 'code'?)`."""
     close = difflib.get_close_matches(word, list(known), n=1)
@@ -144,14 +99,14 @@ class _Compiler:
     def __init__(self, source: str, questions: Mapping[str, Question]) -> None:
         self.source = source
         self.questions = questions
-        self.tokens = _tokenize(source)
+        self.tokens = tokenize(source)
         self.index = 0
         self.depth = 0
         self.referenced: set[str] = set()
 
     # --- token helpers -------------------------------------------------------------------------------------
     @property
-    def tok(self) -> _Token:
+    def tok(self) -> Token:
         return self.tokens[self.index]
 
     def error(self, message: str, pos: int | None = None) -> ExpressionError:
@@ -182,7 +137,7 @@ class _Compiler:
             )
 
     @staticmethod
-    def _describe(tok: _Token) -> str:
+    def _describe(tok: Token) -> str:
         return "the end of the condition" if tok.kind == "end" else repr(tok.text)
 
     # --- grammar -------------------------------------------------------------------------------------------
@@ -293,7 +248,7 @@ class _Compiler:
         if left.type != right.type or left.type == "list":
             hint = ""
             for this, other in ((left, right), (right, left)):
-                if this.type == "number" and other.is_const and other.type == "string" and this.text:
+                if this.type == "number" and other.is_const and other.type == "string" and this.text and not this.owner:
                     hint = f"; for a level's or option's probability write e.g. `{this.text}.{other.const} > 0.5`"
             raise self.error(f"cannot compare {self.kind_of(left)} with {self.kind_of(right)}{hint}", pos)
         if left.type in ("string", "bool") and op not in ("==", "!="):
@@ -306,6 +261,8 @@ class _Compiler:
                     self.check_option(this, other.const, other.pos)
 
     def check_option(self, pick: _Typed, option: str, pos: int) -> None:
+        if pick.options is not None and option not in pick.options:
+            raise self.error(_unknown("value", option, f" of {pick.owner}", pick.options), pos)
         if pick.choice is None:
             return
         question = self.questions[pick.choice]
@@ -323,7 +280,7 @@ class _Compiler:
             return _constant("number", value, tok.pos)
         if tok.kind == "string":
             self.index += 1
-            text = _unquote(tok.text)
+            text = unquote(tok.text)
             return _constant("string", text, tok.pos)
         if tok.kind == "keyword" and tok.text in ("true", "false"):
             self.index += 1
@@ -364,6 +321,8 @@ class _Compiler:
         name = tok.text
         self.index += 1
         question = self.questions.get(name)
+        if question is None and name in SCOPES:
+            return self.fact(name, tok.pos)
         if question is None:
             raise self.error(_unknown("question", name, "", self.questions), tok.pos)
         self.referenced.add(name)
@@ -380,7 +339,7 @@ class _Compiler:
         if self.take("["):
             if self.tok.kind != "string":
                 raise self.error(f"expected a quoted option name inside {name}[...]")
-            attr = _unquote(self.tok.text)
+            attr = unquote(self.tok.text)
             self.index += 1
             self.expect("]", "to close '['")
             return self.probability(name, question, attr, tok.pos, attr_pos + 1)
@@ -390,6 +349,20 @@ class _Compiler:
             return _Typed("number", lambda a: a[name].noul, tok.pos, what=f"P(yes) of noul {name!r}", text=name)
         what = f"the expected level of score {name!r}, 0 to {len(question.levels) - 1}"
         return _Typed("number", lambda a: a[name].score, tok.pos, what=what, text=name)
+
+    def fact(self, scope: str, start: int) -> _Typed:
+        """`scope.attr`: a fact the router computes (`request.tokens`), typed as `FACTS` says."""
+        if not self.take(".") or self.tok.kind not in ("name", "keyword"):
+            raise self.error(f"expected a fact after {scope!r}, e.g. `{scope}.{_example(scope)}`")
+        key = f"{scope}.{self.tok.text}"
+        fact = FACTS.get(key)
+        if fact is None:
+            known = [name for name in FACTS if name.startswith(f"{scope}.")]
+            raise self.error(_unknown("fact", key, "", known), start)
+        self.index += 1
+        self.referenced.add(key)
+        return _Typed(fact.type, lambda a: a[key], start, options=fact.options, owner=f"fact {key!r}",
+                      what=f"the fact {key!r}", text=key)  # fmt: skip
 
     def probability(self, name: str, question: Question, option: str, start: int, pos: int) -> _Typed:
         """`name.option` or `name["option"]`: an option's (or level's) probability; `pos` is the option's."""
@@ -413,8 +386,13 @@ class _Compiler:
         return _Typed("number", lambda a: a[name].probabilities[index], start, what=what, text=text)
 
 
+def _example(scope: str) -> str:
+    return next(name for name in FACTS if name.startswith(f"{scope}.")).split(".", 1)[1]
+
+
 def compile_condition(source: str, questions: Mapping[str, Question]) -> tuple[Condition, frozenset[str]]:
-    """Compile `source` against `questions`; return the condition and the question names it reads.
+    """Compile `source` against `questions` and the facts; return the condition and the question ids and fact
+    names it reads.
 
     >>> cond, names = compile_condition('jailbreak > 0.9', {"jailbreak": Noul("Jailbreak?")})
     >>> sorted(names)

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from policies._access import ClientKeySpec, KeysFileSpec
 from policies._errors import ConfigError, Issue
-from policies._load import _from_pydantic, _sorted
+from policies._issues import by_line, from_pydantic
 from policies._yaml import load_yaml
 
 MAX_KEYS_FILE_BYTES = 4 * 1024 * 1024
@@ -34,9 +34,9 @@ def load_keys(path: str | os.PathLike[str]) -> tuple[ClientKeySpec, ...]:
     except ValidationError as exc:
         issues = [
             Issue(i.file, i.line, i.column, i.path, i.message.split(", found")[0])  # a bad entry's value may be a key
-            for i in _from_pydantic(exc, marks, file)
+            for i in from_pydantic(exc, marks, file)
         ]
-        raise ConfigError(_sorted(issues)) from None
+        raise ConfigError(by_line(issues)) from None
     names = [key.name for key in spec.keys]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import ValidationError
 
 from d3backend import Choice, Noul, Question, Score, answer_from
 from policies._errors import ConfigError, Issue, Path
-from policies._expr import ExpressionError, compile_condition
+from policies._expr import compile_condition
+from policies._facts import fact_type_error
+from policies._issues import by_line, from_pydantic, kind_of, locate
+from policies._lexer import ExpressionError
 from policies._params import API_TITLES, param_path
 from policies._policy import Block, Policy, Route, Rule, SessionSettings, StateSettings
 from policies._schema import (
@@ -80,12 +82,12 @@ def parse_config(text: str, file: str = "<config>") -> Config:
         ) from None
     if not isinstance(data, dict):
         raise ConfigError(
-            [Issue(file, 1, 1, (), f"expected a mapping with `upstreams` and `policies`, found {_kind(data)}")]
+            [Issue(file, 1, 1, (), f"expected a mapping with `upstreams` and `policies`, found {kind_of(data)}")]
         )
     try:
         spec = ConfigSpec.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_sorted(_from_pydantic(exc, marks, file))) from None
+        raise ConfigError(by_line(from_pydantic(exc, marks, file))) from None
     return _Compiler(spec, marks, file).compile()
 
 
@@ -100,7 +102,7 @@ class _Compiler:
         self.warnings: list[Issue] = []
 
     def issue(self, path: Path, message: str, *, warning: bool = False) -> None:
-        line, column = _locate(path, self.marks)
+        line, column = locate(path, self.marks)
         (self.warnings if warning else self.issues).append(Issue(self.file, line, column, path, message))
 
     def compile(self) -> Config:
@@ -132,7 +134,7 @@ class _Compiler:
             self.issue(("server", "default_policy"), f"unknown policy {default!r}; expected one of {known}")
         self.access()
         if self.issues:
-            raise ConfigError(_sorted(self.issues))
+            raise ConfigError(by_line(self.issues))
         return Config(
             self.file,
             self.spec.server,
@@ -140,7 +142,7 @@ class _Compiler:
             dict(self.spec.upstreams),
             policies,
             tuple(tests),
-            tuple(_sorted(self.warnings)),
+            tuple(by_line(self.warnings)),
         )
 
     def access(self) -> None:
@@ -193,8 +195,8 @@ class _Compiler:
                 try:
                     condition, names = compile_condition(rule_spec.when, declared)
                     referenced |= names
-                except ExpressionError as exc:
-                    self.issue((*rule_path, "when"), str(exc))
+                except ExpressionError as exc:  # the rule by name: a file's rules are many
+                    self.issue((*rule_path, "when"), f"rule {rule_spec.name!r}: {exc}")
             action = self.action(rule_spec, rule_path)
             self.params(rule_spec, spec.apis, rule_path)
             if rule_spec.when is None and action is not None and terminal is None:
@@ -299,10 +301,15 @@ class _Compiler:
                     answers[qid] = answer_from(question, value)
                 except ValueError as exc:
                     self.issue((*case_path, "answers", qid), str(exc))
+            for name, value in case.facts.items():
+                problem = fact_type_error(name, value)
+                if problem is not None:
+                    self.issue((*case_path, "facts", name), problem)
             expect = self.expectation(case, rule_names, (*case_path, "expect"))
             if expect is not None:
-                line, _ = _locate(case_path, self.marks)
-                out.append(PolicyTest(policy.name, index, case.name, line, answers, case.engine_error, expect))
+                line, _ = locate(case_path, self.marks)
+                out.append(PolicyTest(policy.name, index, case.name, line, answers, case.engine_error, expect,
+                                      dict(case.facts)))  # fmt: skip
         return out
 
     def expectation(self, case: TestCaseSpec, rule_names: set[str], path: Path) -> Expectation | None:
@@ -326,116 +333,6 @@ class _Compiler:
         return Expectation(
             spec.rule, route, isinstance(spec.route, str), spec.block, spec.tags, spec.set_, spec.degraded
         )
-
-
-# --- pydantic errors to issues ---------------------------------------------------------------------------------
-_TYPE_WORDS = {
-    "string_type": "a string",
-    "list_type": "a list",
-    "dict_type": "a mapping",
-    "model_type": "a mapping",
-    "model_attributes_type": "a mapping",
-    "int_type": "a whole number",
-    "int_parsing": "a whole number",
-    "int_from_float": "a whole number",
-    "float_type": "a number",
-    "float_parsing": "a number",
-    "bool_type": "true or false",
-    "bool_parsing": "true or false",
-    "none_required": "null",
-}
-
-
-def _from_pydantic(exc: ValidationError, marks: Marks, file: str) -> list[Issue]:
-    by_path: dict[Path, list[tuple[str, Any]]] = {}
-    for error in exc.errors(include_url=False):
-        path = _resolve(error["loc"], marks)
-        kind = error["type"]
-        ctx = error.get("ctx") or {}
-        if kind == "unknown_key":
-            path = (*path, ctx["offending"])
-        elif kind == "missing":
-            by_path.setdefault(path, []).append(("missing", f"missing required key {error['loc'][-1]!r}"))
-            continue
-        by_path.setdefault(path, []).append((kind, error))
-    issues = []
-    for path, errors in by_path.items():
-        line, column = _locate(path, marks)
-        issues.append(Issue(file, line, column, path, _message(errors)))
-    return issues
-
-
-def _message(errors: list[tuple[str, Any]]) -> str:
-    if errors[0][0] == "missing":
-        return "; ".join(text for _, text in errors)
-    words = [_TYPE_WORDS[kind] for kind, _ in errors if kind in _TYPE_WORDS]
-    if len(words) == len(errors):  # a type mismatch, possibly against each member of a union
-        unique = list(dict.fromkeys(words))
-        return f"expected {' or '.join(unique)}, found {_kind(errors[0][1]['input'])}"
-    kind, error = next((k, e) for k, e in errors if k not in _TYPE_WORDS)
-    if kind == "union_tag_invalid":
-        return f"unknown question type {error['ctx']['tag']!r}; expected 'choice', 'noul' or 'score'"
-    if kind == "union_tag_not_found":
-        return "missing `type`; expected 'choice', 'noul' or 'score'"
-    if kind == "literal_error":
-        return f"expected one of {error['ctx']['expected']}, found {error['input']!r}"
-    ctx = error.get("ctx") or {}
-    found = _short(error["input"])
-    if kind == "too_short":
-        return f"expected at least {ctx['min_length']} item(s), found {ctx['actual_length']}"
-    if kind == "too_long":
-        return f"expected at most {ctx['max_length']} item(s), found more"
-    if kind == "string_too_short":
-        return f"expected a non-empty string, found {found}"
-    bounds = {
-        "greater_than": "greater than",
-        "greater_than_equal": "at least",
-        "less_than": "less than",
-        "less_than_equal": "at most",
-    }
-    if kind in bounds:
-        return f"expected a number {bounds[kind]} {next(iter(ctx.values()))}, found {found}"
-    message: str = error["msg"]
-    return message
-
-
-def _resolve(loc: tuple[str | int, ...], marks: Marks) -> Path:
-    """Map a pydantic location to a key path of the file, skipping pydantic's own union-member labels."""
-    path: Path = ()
-    for part in loc:
-        candidate = (*path, part)
-        if candidate in marks:
-            path = candidate
-        elif isinstance(part, str) and (*path, part.lower()) in marks:
-            path = (*path, part.lower())
-    return path
-
-
-def _locate(path: Path, marks: Marks) -> tuple[int | None, int | None]:
-    while path and path not in marks:
-        path = path[:-1]
-    return marks.get(path, (None, None))
-
-
-def _sorted(issues: list[Issue]) -> list[Issue]:
-    return sorted(issues, key=lambda issue: (issue.line or 0, issue.column or 0))
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"{str(value).lower()}"
-    if isinstance(value, dict):
-        return "a mapping"
-    if isinstance(value, list):
-        return "a list"
-    return _short(value)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def build_question(spec: QuestionSpec) -> Question:

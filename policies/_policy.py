@@ -7,6 +7,10 @@ last rule is an unconditional route, so every walk ends with a `Decision`:
     >>> decision = policy.evaluate(engine_answers)          # doctest: +SKIP
     >>> decision.rule, decision.action                       # doctest: +SKIP
     ('hard-code', Route(upstreams=('large', 'small')))
+
+Rules may read facts too (`request.tokens > 100000`, policies/_facts.py), given beside the answers:
+`policy.walk({}, facts)` before any engine call ends the walk when the rules before the first question-reading
+one decide (`settled_by_facts`), and then the engine is asked nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any, Literal, NamedTuple
 from d3backend import Answer, Question
 from policies._errors import EvaluationError
 from policies._expr import Condition
+from policies._facts import FACTS, Facts
 from policies._params import APIS
 
 
@@ -57,7 +62,7 @@ class Rule:
     action: Action | None
     tags: Mapping[str, str]
     params: Mapping[str, Any]
-    reads: frozenset[str] = frozenset()  # the questions its condition reads
+    reads: frozenset[str] = frozenset()  # the question ids and fact names its condition reads
     # The two trace steps this rule can add, built once: evaluation only picks one.
     matched: Step = field(init=False, repr=False, compare=False)
     missed: Step = field(init=False, repr=False, compare=False)
@@ -114,21 +119,39 @@ class Policy:
     # The engine calls, in order, whose questions partition `questions`: one for `together`; for `staged`, the
     # questions of the rules up to the first that can route or block, then the rest (see `staging`).
     stages: tuple[Mapping[str, Question], ...] = field(init=False, repr=False, compare=False, default=())
+    # The facts its rules read (the router computes none for a policy that reads none), and whether a walk over
+    # the facts alone can end before any engine call: a rule that routes or blocks comes before the first rule
+    # that reads a question.
+    facts: frozenset[str] = field(init=False, repr=False, compare=False, default=frozenset())
+    settled_by_facts: bool = field(init=False, repr=False, compare=False, default=False)
 
     def __post_init__(self) -> None:
         stages = staging(self.rules, self.questions) if self.ask == "staged" else (self.questions,)
         object.__setattr__(self, "stages", tuple(stage for stage in stages if stage))
+        object.__setattr__(
+            self, "facts", frozenset(name for rule in self.rules for name in rule.reads if name in FACTS)
+        )
+        settled = False
+        for rule in self.rules:
+            if rule.reads - FACTS.keys():
+                break
+            if rule.action is not None:
+                settled = bool(self.questions)  # with no question, every walk is over the facts anyway
+                break
+        object.__setattr__(self, "settled_by_facts", settled)
 
-    def evaluate(self, answers: Mapping[str, Answer]) -> Decision:
-        """Walk the rules over `answers`; raise `EvaluationError` if a condition reads a missing answer."""
-        decision = self._walk(answers, partial=False)
+    def evaluate(self, answers: Mapping[str, Answer], facts: Facts | None = None) -> Decision:
+        """Walk the rules over `answers` and `facts`; raise `EvaluationError` if a condition reads a missing answer
+        or fact."""
+        decision = self._walk(_known(answers, facts), partial=False)
         if decision is None:  # a full walk ends or raises
             raise EvaluationError(f"policy {self.name!r} has no default route")
         return decision
 
-    def walk(self, answers: Mapping[str, Answer]) -> Decision | None:
-        """Walk the rules over the answers asked so far; None when a rule reads a question not yet answered, before
-        any rule ended the walk (ask the next stage, then walk again).
+    def walk(self, answers: Mapping[str, Answer], facts: Facts | None = None) -> Decision | None:
+        """Walk the rules over the answers asked so far (and `facts`); None when a rule reads a question not yet
+        answered, before any rule ended the walk (ask the next stage, then walk again). `walk({}, facts)` is the
+        walk before any engine call: it decides when the facts settle it.
 
         Exactly `evaluate` whenever it decides: a rule is only ever evaluated with every answer it reads, so the
         rules it walks match, miss, tag and set as they would with every answer, and the walk ends at the same rule.
@@ -138,9 +161,9 @@ class Policy:
             >>> policy.walk({"jailbreak": NoulAnswer(0.01)}) is None       # doctest: +SKIP
             True
         """
-        return self._walk(answers, partial=True)
+        return self._walk(_known(answers, facts), partial=True)
 
-    def _walk(self, answers: Mapping[str, Answer], *, partial: bool) -> Decision | None:
+    def _walk(self, answers: Mapping[str, Any], *, partial: bool) -> Decision | None:
         tags: dict[str, str] = {}
         params: dict[str, Any] = {}
         trace: list[Step] = []
@@ -152,7 +175,8 @@ class Policy:
                     matched = bool(rule.condition(answers))
                 except KeyError as exc:
                     raise EvaluationError(
-                        f"rule {rule.name!r} of policy {self.name!r} reads {exc.args[0]!r}, which has no answer"
+                        f"rule {rule.name!r} of policy {self.name!r} reads {exc.args[0]!r}, which has no "
+                        + ("value: give the facts" if exc.args[0] in FACTS else "answer")
                     ) from None
                 if not matched:
                     trace.append(rule.missed)
@@ -183,10 +207,17 @@ class Policy:
         )
 
 
+def _known(answers: Mapping[str, Answer], facts: Facts | None) -> Mapping[str, Any]:
+    """What the conditions read: the answers, and the facts when there are any (their names hold a dot, which no
+    question id does, so neither hides the other)."""
+    return {**facts, **answers} if facts else answers
+
+
 def staging(rules: Sequence[Rule], questions: Mapping[str, Question]) -> tuple[Mapping[str, Question], ...]:
     """The stages of `ask: staged`: the questions read by the rules up to and including the first that can end the
-    walk (a conditional route or block: typically the guard), then every other question. Each stage keeps the
-    declaration order; a stage may be empty (the caller drops it).
+    walk and reads a question (a conditional route or block: typically the guard), then every other question. A
+    rule that reads only facts is settled before any engine call, so it does not end the first stage. Each stage
+    keeps the declaration order; a stage may be empty (the caller drops it).
 
     A question of the second stage is read only by rules after that first one, so a walk that ends there never
     needs it; one that goes on pauses at the first rule reading it, and every question left is read from there on.
@@ -194,7 +225,7 @@ def staging(rules: Sequence[Rule], questions: Mapping[str, Question]) -> tuple[M
     first: set[str] = set()
     for rule in rules:
         first |= rule.reads
-        if rule.action is not None:
+        if rule.action is not None and rule.reads & questions.keys():
             break
     return (
         {qid: q for qid, q in questions.items() if qid in first},

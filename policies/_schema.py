@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from d3backend import D3_MAX_OPTIONS, MAX_QUESTIONS, MAX_SCORE_LEVELS, MIN_SCORE_LEVELS
 from policies._access import AuthSettings
+from policies._facts import SCOPES
 from policies._params import APIS, STRUCTURAL, ApiName
 from policies._strict import HEADER_NAME, Strict, check_env, check_url
 
@@ -405,6 +406,10 @@ class TestCaseSpec(Strict):
         description="Per question: a number for a noul (P(yes)) or a score (expected level), an option name "
         "for a choice, or a mapping of probabilities.",
     )
+    facts: dict[str, bool | int | float | str] = Field(
+        default_factory=dict,
+        description="Per fact the rules read (e.g. `request.tokens: 150000`): its value for this case.",
+    )
     engine_error: bool = Field(False, description="Test what happens when the engine fails.")
     expect: ExpectSpec = Field(description="What the decision must be.")
 
@@ -459,6 +464,12 @@ class PolicySpec(Strict):
                         "question_id",
                         "question id {n} must be a name (letters, digits, _) so `when` can use it",
                         {"n": repr(name)},
+                    )
+                if name in SCOPES:
+                    raise PydanticCustomError(
+                        "question_id",
+                        "question id {q} is reserved for facts (`{n}.NAME` in `when`); rename the question",
+                        {"q": repr(name), "n": name},
                     )
         return questions
 

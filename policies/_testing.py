@@ -13,11 +13,12 @@ probabilities for a choice, the expected level or a level name for a score.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from d3backend import Answer
 from policies._errors import EvaluationError
+from policies._facts import Facts
 from policies._policy import Block, Decision, Policy, Route
 
 
@@ -41,6 +42,7 @@ class PolicyTest:
     answers: Mapping[str, Answer]
     engine_error: bool
     expect: Expectation
+    facts: Facts = field(default_factory=dict)  # the facts the case gives (`facts:`), as the router computes them
 
     @property
     def label(self) -> str:
@@ -58,9 +60,10 @@ class TestResult:
 def run_test(policy: Policy, test: PolicyTest) -> TestResult:
     """Evaluate one case and compare the decision with what it expects."""
     try:
-        decision = policy.engine_failed() if test.engine_error else policy.evaluate(test.answers)
+        decision = policy.engine_failed() if test.engine_error else policy.evaluate(test.answers, test.facts)
     except EvaluationError as exc:
-        return TestResult(test, False, f"{exc}; give it in `answers`", None)
+        where = "`facts`" if "give the facts" in str(exc) else "`answers`"
+        return TestResult(test, False, f"{exc}; give it in {where}", None)
     problems = _compare(test.expect, decision)
     return TestResult(test, not problems, "; ".join(problems), decision)
 

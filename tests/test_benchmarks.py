@@ -71,6 +71,11 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
         ratios = [row["rps vs chat"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
         assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # c=1 and 8, each set against chat
     extra = json.loads((tmp_path / "router-extra.json").read_text())
+    # A policy that reads only facts decides every request without its engine (issue 29), which would take 10 ms.
+    facts = [row for row in rows if row["target"] == "d3router facts-only policy (no engine)"]  # type: ignore[union-attr,index]
+    assert len(facts) == 2 and all(row["errors"] == 0 for row in facts)  # type: ignore[index]
+    calls = extra["engine_calls"]["d3router facts-only policy (no engine)"]
+    assert calls["engine_calls"] == 0 and calls["decided_requests"] > 0
     streaming = extra["streaming"]
     assert {name: streaming[name]["errors"] for name in ("direct", "d3router", "pass-through")} == {
         "direct": 0,

@@ -69,6 +69,11 @@ class Api:
             turns.append(Turn("tool" if role == "function" else role, text, media, calls))
         return turns
 
+    def tools(self, body: Mapping[str, Any]) -> int:
+        """How many tools the request offers the model (the `request.tools` fact)."""
+        tools = body.get("tools")
+        return len(tools) if isinstance(tools, list) else 0
+
     def error(self, status: int, message: str, type_: str, code: str | int | None = None, param: str | None = None
               ) -> bytes:  # fmt: skip
         return error_payload(message, type_, code, param)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from d3backend import (
@@ -41,6 +41,8 @@ class D3Decision:
     # Sessions (router/_sessions/session.py): new, sticky, escalated or off for a routed turn; its hashed key.
     session: str | None = None
     session_key: str | None = None
+    # The facts the router computed (policies/_facts.py): only for a policy (or its shadow) whose rules read some.
+    facts: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def action(self) -> str:
@@ -93,6 +95,7 @@ class D3Decision:
             "parts_ignored": self.state.ignored,
             "answers": {qid: _answer_json(answer) for qid, answer in self.answers.items()},
             "asked": list(self.answers),
+            "facts": dict(self.facts),
             "skipped": list(self.skipped),
             "engine_calls": self.engine_calls,
             "decision": {

@@ -21,8 +21,10 @@ from d3backend import (
     Question,
     json_bytes,
 )
-from policies import Config, Decision, Policy, Route
+from policies import Config, Decision, Facts, Policy, Route
 from router._apis.chat import CHAT, Api
+from router._apis.facts import caller_facts as _caller_facts
+from router._apis.facts import request_facts
 from router._apis.state import DecisionState, MediaRules
 from router._decision.deadline import within
 from router._decision.pick import policy_for
@@ -35,6 +37,7 @@ from router._observe.metrics import Counts, Metrics
 
 logger = logging.getLogger(__name__)
 
+ANONYMOUS = _caller_facts(None, None)
 After = Callable[[D3Decision], Awaitable[D3Decision]]  # changes a decision before it is logged (sessions)
 
 
@@ -73,7 +76,7 @@ class RouterService:
         self.shadows = Shadows(self.metrics)
         self.questions_skipped: Counts[str] = self.metrics.counter(
             "d3router_questions_skipped",
-            "Questions not asked because the walk ended without them (ask: staged), by policy.",
+            "Questions not asked because the walk ended without them (ask: staged, or on facts alone), by policy.",
             ("policy",),
         )
 
@@ -106,13 +109,21 @@ class RouterService:
     async def decide(
         self, policy: Policy, body: Mapping[str, Any], request_id: str = "", *, api: Api = CHAT,
         snapshot: Snapshot | None = None, after: After | None = None, caller: str = "",
+        caller_facts: Facts | None = None,
     ) -> D3Decision:  # fmt: skip
         """Decide for a parsed request body of `api` (chat by default) under `snapshot` (the current one by
         default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error.
-        `after` may change the decision before it is logged (the session's route, router/_sessions/session.py)."""
+        `after` may change the decision before it is logged (the session's route, router/_sessions/session.py).
+        `caller_facts` are the `caller.*` facts (`Caller.facts`); without them the caller's name and group are empty.
+        A walk the facts settle asks the engine nothing."""
         snapshot = snapshot or self.snapshot
         with tracing.span("d3.state"):  # tracing (issue 14.4): the hooks are `with` blocks, no-ops when it is off
             state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
+        facts: dict[str, Any] = {}
+        shadowed = snapshot.config.policies.get(policy.shadow) if policy.shadow is not None else None
+        if policy.facts or (shadowed is not None and shadowed.facts):
+            facts = request_facts(api, body, state)
+            facts.update(caller_facts or ANONYMOUS)
         timeout_s = snapshot.config.server.decision_timeout_s
         start = time.perf_counter()
         answers: Mapping[str, Answer] = {}
@@ -120,10 +131,15 @@ class RouterService:
         error: str | None = None
         skipped: tuple[str, ...] = ()
         calls = [0]  # the engine calls made, failed ones included
+        settled = policy.walk({}, facts) if policy.settled_by_facts else None
         if not policy.questions:
             with tracing.span("d3.rules") as rules:
-                decision = policy.evaluate({})
+                decision = policy.evaluate({}, facts)
                 rules.set_attribute("d3.rule", decision.rule)
+        elif settled is not None:  # decided on facts alone (issue 29): no question could change the outcome
+            decision = settled
+            skipped = tuple(policy.questions)
+            self.questions_skipped[policy.name] += len(skipped)
         elif self.engine is None:
             error = "no engine is configured"
             decision = policy.engine_failed()
@@ -131,7 +147,9 @@ class RouterService:
             try:
                 with tracing.engine_span() as engine_span:  # its traceparent goes to the engine
                     # No task, unlike wait_for; one budget for every stage; no timer for a cache hit (`within`).
-                    walked, answers, cached = await within(timeout_s, self._ask(self.engine, policy, state, calls))
+                    walked, answers, cached = await within(
+                        timeout_s, self._ask(self.engine, policy, state, calls, facts)
+                    )
                     engine_span.set_attribute("d3.cache", "hit" if cached else "miss")
             except EngineError as exc:
                 error = str(exc)
@@ -146,13 +164,15 @@ class RouterService:
                     skipped = tuple(qid for qid in policy.questions if qid not in answers)
                     self.questions_skipped[policy.name] += len(skipped)
                 with tracing.span("d3.rules") as rules:  # `staged` walked between its calls already
-                    decision = walked if walked is not None else policy.evaluate(answers)
+                    decision = walked if walked is not None else policy.evaluate(answers, facts)
                     rules.set_attribute("d3.rule", decision.rule)
         elapsed_ms = (time.perf_counter() - start) * 1000.0
         self.metrics.decision_seconds[policy.name].observe(elapsed_ms / 1000.0)
         if error is not None:
             logger.warning("policy %r: the engine failed (%s); %s decides", policy.name, error, decision.rule)
-        d3 = D3Decision(policy.name, decision, answers, state, elapsed_ms, cached, error, skipped, calls[0])
+        d3 = D3Decision(
+            policy.name, decision, answers, state, elapsed_ms, cached, error, skipped, calls[0], facts=facts
+        )
         if policy.shadow is not None and error is None:
             shadow = self.shadows.consider(d3, snapshot.config, self.engine, request_id, self._write)
             if shadow is not None:
@@ -200,7 +220,7 @@ class RouterService:
             log.flush()
 
     async def _ask(
-        self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int]
+        self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int], facts: Facts
     ) -> tuple[Decision | None, Mapping[str, Answer], bool]:
         """Ask the policy's stages in turn until the walk ends (`ask: together` has one stage, `staged` two: the
         guard's questions, then the rest only when the guard did not end the walk); count each call in `calls` as
@@ -220,19 +240,19 @@ class RouterService:
             self.metrics.usage(decided)
             cached = cached and decided.cached
             answers.update(decided.answers)
-            decision = policy.walk(answers)
+            decision = policy.walk(answers, facts)
             if decision is not None:
                 return decision, answers, cached
         # Unreachable: the last stage completes the answers, and a walk with every answer ends.
-        return policy.evaluate(answers), answers, cached
+        return policy.evaluate(answers, facts), answers, cached
 
     def _count(self, policy: Policy, questions: Mapping[str, Question], calls: list[int]) -> None:
         calls[0] += 1
         self.engine_calls[policy.name] += 1
         self.questions_asked[policy.name] += len(questions)
 
-    async def explain(self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None, caller: str = ""
-                      ) -> dict[str, Any]:  # fmt: skip
+    async def explain(self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None, caller: str = "",
+                      caller_facts: Facts | None = None) -> dict[str, Any]:  # fmt: skip
         """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides."""
         model = body.get("model")
         policy = policy_for(self.snapshot.config, api, model)
@@ -240,7 +260,7 @@ class RouterService:
             raise ModelNotFound(
                 f"no policy is named {model!r} and server.default_policy is unset; explain needs a policy's name"
             )
-        d3 = await self.decide(policy, body, api=api, after=after, caller=caller)
+        d3 = await self.decide(policy, body, api=api, after=after, caller=caller, caller_facts=caller_facts)
         payload = d3.explain()
         payload["api"] = api.name
         payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
@@ -262,6 +282,8 @@ class RouterService:
         }
         if d3.skipped:
             entry["skipped"] = list(d3.skipped)
+        if d3.facts:
+            entry["facts"] = dict(d3.facts)
         if d3.session is not None:
             entry["session"] = d3.session
             entry["session_key"] = d3.session_key

@@ -54,7 +54,7 @@ class Shadows:
         live = policy.questions
         missing = {qid: q for qid, q in shadow.questions.items() if qid not in d3.answers or live.get(qid) != q}
         if not missing:
-            decision = shadow.evaluate(d3.answers)
+            decision = shadow.evaluate(d3.answers, d3.facts)
             self._count(d3, decision)
             return decision
         if engine is not None and len(self.pending) < MAX_SHADOW_TASKS:
@@ -77,7 +77,7 @@ class Shadows:
             logger.info("shadow policy %r: the engine failed (%s); not compared", shadow.name, exc)
             return
         answers = {**{qid: a for qid, a in d3.answers.items() if qid not in missing}, **decided.answers}
-        decision = shadow.evaluate(answers)
+        decision = shadow.evaluate(answers, d3.facts)
         self._count(d3, decision)
         log({"time": round(time.time(), 3), "request_id": request_id, "policy": d3.policy, "rule": d3.decision.rule,
              "shadow": decision_json(decision, agrees(d3.decision, decision))})  # fmt: skip

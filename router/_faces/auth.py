@@ -21,8 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from policies import ClientKeySpec, Config, RateSpec, load_keys
+from policies import ClientKeySpec, Config, Facts, RateSpec, load_keys
 from policies._access import MAX_KEY_CHARS
+from router._apis.facts import caller_facts
 from router._errors import Unauthorized
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,11 @@ class Caller:
     debug: bool = False
     rate: RateSpec | None = None
     group_rate: RateSpec | None = None
+
+    @property
+    def facts(self) -> Facts:
+        """The `caller.*` facts rules read (issue 29): the key's name and group, empty for an anonymous caller."""
+        return caller_facts(self.name, self.group)
 
     def may_use(self, policy: str) -> bool:
         return self.policies is None or policy in self.policies

@@ -119,7 +119,8 @@ class D3RouterMiddleware:
         request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
                                                  caller=caller)  # fmt: skip
         request.d3 = d3 = await self.service.decide(policy, request.body, api=request.api, snapshot=request.snapshot,
-                                                    after=turn.route, caller=caller)  # fmt: skip
+                                                    after=turn.route, caller=caller,
+                                                    caller_facts=request.caller.facts)  # fmt: skip
         action = d3.decision.action
         if isinstance(action, Block):
             raise Blocked(action.message, status=action.status, code=d3.decision.rule if request.debug else None)

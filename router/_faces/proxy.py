@@ -196,7 +196,7 @@ class ProxyApp(Lifecycle):
         try:
             request.d3 = d3 = await self.service.decide(policy, request.body, request.request_id, api=request.api,
                                                         snapshot=request.snapshot, after=turn.route,
-                                                        caller=caller)  # fmt: skip
+                                                        caller=caller, caller_facts=request.caller.facts)  # fmt: skip
         except BadRequest as exc:
             metrics.request(policy.name, "-", "invalid", exc.status)
             raise
@@ -325,7 +325,8 @@ class ProxyApp(Lifecycle):
             if isinstance(body.get("model"), str) and not caller.may_use(body["model"]):
                 raise ModelNotFound(f"the model {body['model']!r} does not exist or this key may not use it")
             turn = self.sessions.turn(api, scope["headers"], body, self.config, caller=caller.id, dry=True)
-            payload = await self.service.explain(body, api, after=turn.route, caller=caller.id)
+            payload = await self.service.explain(body, api, after=turn.route, caller=caller.id,
+                                                 caller_facts=caller.facts)  # fmt: skip
         except RequestError as exc:
             await _fail(send, exc)
             return

@@ -104,7 +104,7 @@ def test_load_config_reports_the_depth_at_file_line_col(tmp_path: Path, source: 
     [issue] = caught.value.issues
     assert (issue.line, issue.column) == (9, 9)
     assert re.fullmatch(
-        rf"{re.escape(str(file))}:9:9: policies\.auto\.rules\[0\]\.when: the condition nests deeper than 64 levels"
+        rf"{re.escape(str(file))}:9:9: policies\.auto\.rules\[0\]\.when: rule 'guard': the condition nests deeper than 64 levels"
         r" \(at character \d+\); .*",
         str(issue),
     )
@@ -118,7 +118,9 @@ def test_check_prints_one_line_per_error_and_no_traceback(tmp_path: Path, capsys
     assert out == ""
     lines = err.splitlines()
     assert len(lines) == 2
-    assert lines[0].startswith(f"error: {file}:9:9: policies.auto.rules[0].when: the condition nests deeper than 64")
+    assert lines[0].startswith(
+        f"error: {file}:9:9: policies.auto.rules[0].when: rule 'guard': the condition nests deeper than 64"
+    )
     assert lines[1] == f"{file}: invalid (1 error)"
 
 

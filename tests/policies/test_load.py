@@ -158,7 +158,7 @@ INVALID = [
     ),
     pytest.param(
         "{HEAD}    questions: {j: {type: noul}}\n    rules:\n      - {name: a, when: j >, route: small}\n      - {name: default, route: small}\n",
-        "c.yaml:8:19: policies.auto.rules[0].when: expected a value after '>'\n    j >\n       ^",
+        "c.yaml:8:19: policies.auto.rules[0].when: rule 'a': expected a value after '>'\n    j >\n       ^",
         id="bad when",
     ),
     pytest.param(

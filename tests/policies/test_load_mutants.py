@@ -10,7 +10,7 @@ import pytest
 
 from policies import ConfigError, Policy, parse_config, run_test
 from policies._errors import Issue
-from policies._load import _locate, _message, _short, _sorted
+from policies._issues import _message, _short, by_line, locate
 
 UP = "upstreams: {small: {url: http://small.test/v1}}\n"
 DEFAULT = "rules: [{name: default, route: small}]"
@@ -95,10 +95,10 @@ def test_an_unknown_key_written_in_capitals_is_placed_on_its_own_line() -> None:
 
 def test_an_issue_on_a_key_the_file_does_not_hold_is_placed_at_its_nearest_parent() -> None:
     marks = {(): (1, 1), ("a",): (2, 3), ("a", "b"): (3, 5)}
-    assert _locate(("a", "b", "c", "d"), marks) == (3, 5)
-    assert _locate(("a", "x"), marks) == (2, 3)
-    assert _locate(("z",), marks) == (1, 1)
-    assert _locate(("z",), {}) == (None, None)
+    assert locate(("a", "b", "c", "d"), marks) == (3, 5)
+    assert locate(("a", "x"), marks) == (2, 3)
+    assert locate(("z",), marks) == (1, 1)
+    assert locate(("z",), {}) == (None, None)
 
 
 def test_issues_sort_by_line_then_column_and_file_level_ones_first() -> None:
@@ -106,7 +106,7 @@ def test_issues_sort_by_line_then_column_and_file_level_ones_first() -> None:
         return Issue("c.yaml", line, column, (), f"{line}:{column}")
 
     # A missing line or column sorts before 1: given after the located issue of line 1 / column 1, it still goes first.
-    ordered = _sorted([at(3, 1), at(2, 9), at(1, None), at(None, None), at(2, 1), at(2, None)])
+    ordered = by_line([at(3, 1), at(2, 9), at(1, None), at(None, None), at(2, 1), at(2, None)])
     assert [issue.message for issue in ordered] == ["None:None", "1:None", "2:None", "2:1", "2:9", "3:1"]
 
 

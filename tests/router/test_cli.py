@@ -58,7 +58,7 @@ def test_check_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == [
-        f"error: {file}:9:23: policies.auto.rules[0].when: unknown question 'jailbrake'; expected one of"
+        f"error: {file}:9:23: policies.auto.rules[0].when: rule 'guard': unknown question 'jailbrake'; expected one of"
         " 'jailbreak', 'unused' (did you mean 'jailbreak'?)",
         "    jailbrake > 0.9",
         "    ^",

@@ -151,7 +151,10 @@ async def test_the_example_policies_decide_the_same_with_either_engine(path: Pat
                 by_luna = await hosted.decide("the same state", policy.questions)
         for qid in policy.questions:
             assert by_luna.answers[qid].probabilities == pytest.approx(by_d3.answers[qid].probabilities), qid
-        d3_decision, luna_decision = policy.evaluate(by_d3.answers), policy.evaluate(by_luna.answers)
+        d3_decision, luna_decision = (
+            policy.evaluate(by_d3.answers, case.facts),
+            policy.evaluate(by_luna.answers, case.facts),
+        )
         assert (luna_decision.rule, luna_decision.action) == (d3_decision.rule, d3_decision.action), case.name
         checked += 1
     assert checked, f"{path.name}: no case answered every question"
