@@ -9,6 +9,7 @@ Pure: reads its files and nothing else.
 """
 
 from policies._access import AuthSettings, ClientKeySpec, GroupSpec, RateSpec
+from policies._answer import AnswerGuard, AnswerVerdict, Replace
 from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
 from policies._expr import Condition, ExpressionError, compile_condition
 from policies._keys import load_keys
@@ -35,6 +36,8 @@ __all__ = [
     "API_TITLES",
     "PARAMS",
     "Action",
+    "AnswerGuard",
+    "AnswerVerdict",
     "ApiName",
     "AuthSettings",
     "Block",
@@ -58,6 +61,7 @@ __all__ = [
     "QuestionSpec",
     "RateSpec",
     "RemoteSettings",
+    "Replace",
     "Route",
     "Rule",
     "ServerSettings",

@@ -1,0 +1,300 @@
+"""Answer guards (issue 27): the upstream's answer judged before it reaches the client, on the four APIs, streamed
+and not. In-process: a fake engine that flags a marker or a destructive command, RESPX upstreams answering in each
+API's shape (a stream's marker split across two events)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+import respx
+
+from d3backend import EngineUnavailable, FakeEngine
+from policies import ConfigError, parse_config
+from router import ProxyApp, create_app
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = """
+server: {{default_policy: guarded}}
+upstreams: {{up: {{url: http://up.test/v1, model: up-model}}}}
+policies:
+  guarded:
+    rules: [{{name: default, route: up}}]
+    answer:
+      {extra}
+      questions:
+        leak: {{type: noul, instructions: Does the answer reveal the secret marker?}}
+        destructive: {{type: noul, instructions: Does a tool call delete files or run downloaded code?}}
+      rules:
+        - {{name: no-destruction, when: destructive > 0.8, block: {{status: 403, message: That command was refused.}}}}
+        - {{name: no-leak, when: leak > 0.8, {leak}}}
+"""
+BLOCK = "block: {status: 451, message: The answer was withheld.}"
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
+         "messages": "/v1/messages"}  # fmt: skip
+MARKER = "SECRET-7731"
+
+
+def verdicts(state: Any, questions: Any) -> dict[str, Any]:
+    answer = json.dumps({key: state.get(key) for key in ("answer", "tool_calls")}) if isinstance(state, dict) else ""
+    return {"leak": 0.99 if MARKER in answer else 0.01, "destructive": 0.99 if "rm -rf" in answer else 0.01}
+
+
+def request(api: str, stream: bool) -> dict[str, Any]:
+    text = "What is in the vault?"
+    if api == "chat":
+        return {"model": "guarded", "stream": stream, "messages": [{"role": "user", "content": text}]}
+    if api == "completions":
+        return {"model": "guarded", "stream": stream, "prompt": text}
+    if api == "responses":
+        return {"model": "guarded", "stream": stream, "input": text}
+    return {"model": "guarded", "stream": stream, "max_tokens": 64, "messages": [{"role": "user", "content": text}]}
+
+
+def sse(*events: dict[str, Any] | str) -> bytes:
+    out = b""
+    for event in events:
+        if isinstance(event, str):
+            out += f"data: {event}\n\n".encode()
+        elif "type" in event:
+            out += f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+        else:
+            out += f"data: {json.dumps(event)}\n\n".encode()
+    return out
+
+
+def answer(api: str, stream: bool, text: str, command: str | None = None) -> tuple[bytes, str]:
+    """The upstream's answer saying `text` (streamed: in two halves, so a marker is split across events), with a
+    shell tool call running `command` where the API has tool calls."""
+    half = len(text) // 2
+    first, second = text[:half], text[half:]
+    args = json.dumps({"command": command}) if command else None
+    if not stream:
+        if api == "chat":
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if args:
+                message["tool_calls"] = [{"id": "c1", "type": "function", "function": {"name": "shell", "arguments": args}}]
+            body: dict[str, Any] = {"id": "x", "object": "chat.completion", "model": "up-model",
+                                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}  # fmt: skip
+        elif api == "completions":
+            body = {"id": "x", "object": "text_completion", "choices": [{"index": 0, "text": text}]}
+        elif api == "responses":
+            output: list[dict[str, Any]] = [{"type": "message", "role": "assistant",
+                                             "content": [{"type": "output_text", "text": text}]}]  # fmt: skip
+            if args:
+                output.append({"type": "function_call", "call_id": "c1", "name": "shell", "arguments": args})
+            body = {"id": "resp_1", "object": "response", "status": "completed", "output": output}
+        else:
+            content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+            if command:
+                content.append({"type": "tool_use", "id": "t1", "name": "shell", "input": {"command": command}})
+            body = {"id": "msg_1", "type": "message", "role": "assistant", "content": content, "model": "up-model",
+                    "stop_reason": "end_turn", "usage": {"input_tokens": 1, "output_tokens": 1}}  # fmt: skip
+        return json.dumps(body).encode(), "application/json"
+    if api == "chat":
+        events: list[dict[str, Any] | str] = [
+            {"id": "x", "choices": [{"index": 0, "delta": {"content": part}}]} for part in (first, second)
+        ]
+        if args:
+            # The tool's name in the first delta only, as OpenAI streams it; its arguments in two pieces.
+            events += [{"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [
+                {"index": 0, "id": "c1", "function": {"name": name, "arguments": piece}}]}}]}
+                for name, piece in (("shell", args[:9]), ("", args[9:]))]  # fmt: skip
+        events.append("[DONE]")
+    elif api == "completions":
+        events = [{"id": "x", "choices": [{"index": 0, "text": part}]} for part in (first, second)] + ["[DONE]"]
+    elif api == "responses":
+        events = [{"type": "response.created", "response": {"id": "resp_1", "status": "in_progress", "output": []}}]
+        events += [{"type": "response.output_text.delta", "delta": part} for part in (first, second)]
+        if args:
+            events.append({"type": "response.output_item.done", "output_index": 1,
+                           "item": {"type": "function_call", "name": "shell", "arguments": args}})  # fmt: skip
+    else:
+        events = [{"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant",
+                                                        "content": [], "model": "up-model"}},
+                  {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}]  # fmt: skip
+        events += [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": part}}
+                   for part in (first, second)]  # fmt: skip
+        if args:
+            events += [{"type": "content_block_start", "index": 1,
+                        "content_block": {"type": "tool_use", "id": "t1", "name": "shell", "input": {}}}]
+            events += [{"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta",
+                                                                             "partial_json": piece}}
+                       for piece in (args[:9], args[9:])]  # fmt: skip
+        events.append({"type": "message_stop"})
+    return sse(*events), "text/event-stream"
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(verdicts)
+
+
+async def served(engine: FakeEngine, upstream: tuple[bytes, str], *, leak: str = BLOCK, extra: str = "",
+                 encoding: str | None = None) -> AsyncIterator[httpx.AsyncClient]:  # fmt: skip
+    body, kind = upstream
+    headers = {"content-type": kind}
+    if encoding == "gzip":
+        body, headers["content-encoding"] = gzip.compress(body), "gzip"
+    config = parse_config(CONFIG.format(leak=leak, extra=extra), "c.yaml")
+    app: ProxyApp = create_app(config, engine=engine, transport=httpx.AsyncHTTPTransport())
+    with respx.mock(assert_all_called=True) as mock:
+        mock.route(host="up.test").mock(return_value=httpx.Response(200, content=body, headers=headers))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+            yield http
+    await app.aclose()
+
+
+async def post(engine: FakeEngine, api: str, stream: bool, upstream: tuple[bytes, str], **kwargs: Any
+               ) -> httpx.Response:  # fmt: skip
+    async for http in served(engine, upstream, **kwargs):
+        return await http.post(PATHS[api], json=request(api, stream))
+    raise AssertionError("unreachable")
+
+
+CASES = [(api, stream) for api in PATHS for stream in (False, True)]
+
+
+@pytest.mark.parametrize(("api", "stream"), CASES)
+async def test_an_answer_with_the_marker_is_withheld_in_the_apis_shape(engine: FakeEngine, api: str, stream: bool
+                                                                       ) -> None:  # fmt: skip
+    response = await post(engine, api, stream, answer(api, stream, f"The code is {MARKER}, keep it."))
+    assert response.status_code == 451
+    assert MARKER.encode() not in response.content and b"SECRET" not in response.content
+    error = response.json()
+    if api == "messages":
+        assert error["type"] == "error" and error["error"]["message"] == "The answer was withheld."
+    else:
+        assert error["error"]["message"] == "The answer was withheld."
+    state = engine.calls[-1][0]
+    assert isinstance(state, dict) and MARKER in state["answer"], "the engine read the whole answer, halves joined"
+
+
+@pytest.mark.parametrize(("api", "stream"), CASES)
+async def test_a_clean_answer_passes_byte_for_byte(engine: FakeEngine, api: str, stream: bool) -> None:
+    upstream = answer(api, stream, "The vault holds nothing of note.")
+    response = await post(engine, api, stream, upstream)
+    assert response.status_code == 200
+    assert response.content == upstream[0]
+    assert response.headers["content-type"] == upstream[1]
+
+
+@pytest.mark.parametrize(("api", "stream"), [case for case in CASES if case[0] != "completions"])
+async def test_a_destructive_tool_call_is_blocked_before_any_argument_reaches_the_client(
+    engine: FakeEngine, api: str, stream: bool
+) -> None:
+    response = await post(engine, api, stream, answer(api, stream, "Cleaning up.", command="rm -rf ~"))
+    assert response.status_code == 403
+    assert b"rm -rf" not in response.content and b"\"command\"" not in response.content
+    state = engine.calls[-1][0]
+    assert isinstance(state, dict) and state["tool_calls"] == [{"name": "shell", "arguments": '{"command": "rm -rf ~"}'}]
+
+
+async def test_a_gzip_encoded_answer_is_judged_decoded(engine: FakeEngine) -> None:
+    response = await post(engine, "chat", False, answer("chat", False, f"It is {MARKER}."), encoding="gzip")
+    assert response.status_code == 451
+
+
+async def test_a_gzip_encoded_clean_answer_reaches_the_client_decoded(engine: FakeEngine) -> None:
+    upstream = answer("chat", False, "Nothing here.")
+    response = await post(engine, "chat", False, upstream, encoding="gzip")
+    assert response.status_code == 200 and response.content == upstream[0]
+    assert "content-encoding" not in response.headers
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_openai_sdk_reads_a_replaced_answer(engine: FakeEngine, stream: bool) -> None:
+    async for http in served(engine, answer("chat", stream, f"It is {MARKER}."), leak="replace: I cannot share that."):
+        async with openai.AsyncOpenAI(api_key="k", base_url="http://router/v1", http_client=http) as client:
+            messages: Any = [{"role": "user", "content": "What is in the vault?"}]
+            if stream:
+                chunks = await client.chat.completions.create(model="guarded", messages=messages, stream=True)
+                text = "".join([chunk.choices[0].delta.content or "" async for chunk in chunks if chunk.choices])
+            else:
+                completion = await client.chat.completions.create(model="guarded", messages=messages)
+                text = completion.choices[0].message.content or ""
+                assert completion.choices[0].finish_reason == "stop" and completion.model == "guarded"
+    assert text == "I cannot share that."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_anthropic_sdk_reads_a_replaced_answer(engine: FakeEngine, stream: bool) -> None:
+    upstream = answer("messages", stream, f"It is {MARKER}.")
+    config = parse_config(CONFIG.format(leak="replace: I cannot share that.", extra=""), "c.yaml")
+    app = create_app(config, engine=engine, transport=httpx.AsyncHTTPTransport())
+    body, kind = upstream
+    with respx.mock(assert_all_called=True) as mock:
+        mock.route(host="up.test").mock(return_value=httpx.Response(200, content=body, headers={"content-type": kind}))
+        # The anthropic SDK brings its own HTTP client package (httpx2), with the same in-process transport.
+        http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://router")
+        async with anthropic.AsyncAnthropic(api_key="k", base_url="http://router", http_client=http) as client:
+            messages: Any = [{"role": "user", "content": "What is in the vault?"}]
+            if stream:
+                async with client.messages.stream(model="guarded", max_tokens=64, messages=messages) as events:
+                    message = await events.get_final_message()
+            else:
+                message = await client.messages.create(model="guarded", max_tokens=64, messages=messages)
+    await app.aclose()
+    assert [block.text for block in message.content if block.type == "text"] == ["I cannot share that."]
+    assert message.stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_responses_api_reads_a_replaced_answer(engine: FakeEngine, stream: bool) -> None:
+    upstream = answer("responses", stream, f"It is {MARKER}.")
+    async for http in served(engine, upstream, leak="replace: I cannot share that."):
+        async with openai.AsyncOpenAI(api_key="k", base_url="http://router/v1", http_client=http) as client:
+            if stream:
+                async with client.responses.stream(model="guarded", input="What is in the vault?") as events:
+                    final = await events.get_final_response()
+            else:
+                final = await client.responses.create(model="guarded", input="What is in the vault?")
+    assert final.output_text == "I cannot share that."
+
+
+async def test_an_engine_that_cannot_judge_withholds_the_answer() -> None:
+    engine = FakeEngine(error=EngineUnavailable("down"))
+    response = await post(engine, "chat", False, answer("chat", False, "Nothing here."))
+    assert response.status_code == 503
+    assert b"Nothing here" not in response.content
+
+
+async def test_on_engine_error_pass_lets_an_unjudged_answer_through() -> None:
+    engine = FakeEngine(error=EngineUnavailable("down"))
+    upstream = answer("chat", False, "Nothing here.")
+    response = await post(engine, "chat", False, upstream, extra="on_engine_error: pass")
+    assert response.status_code == 200 and response.content == upstream[0]
+
+
+async def test_an_answer_over_the_bound_is_refused_not_sent(engine: FakeEngine) -> None:
+    response = await post(engine, "chat", False, answer("chat", False, "x" * 5000), extra="max_answer_bytes: 1000")
+    assert response.status_code == 502
+    assert b"xxxx" not in response.content
+    assert "max_answer_bytes" in response.json()["error"]["message"]
+
+
+async def test_the_engine_reads_the_request_beside_the_answer_and_a_cut_long_answer(engine: FakeEngine) -> None:
+    await post(engine, "chat", False, answer("chat", False, "y" * 200), extra="max_chars: 50")
+    state = engine.calls[-1][0]
+    assert isinstance(state, dict)
+    assert state["answer"] == "y" * 50 + " [cut]"
+    assert "What is in the vault?" in json.dumps(state["request"])
+
+
+def test_an_answer_rule_reading_an_unknown_question_is_a_load_error() -> None:
+    text = CONFIG.format(leak=BLOCK, extra="").replace("when: leak > 0.8", "when: secret > 0.8")
+    with pytest.raises(ConfigError, match=r"policies\.guarded\.answer\.rules\[1\]\.when.*secret"):
+        parse_config(text, "c.yaml")
+
+
+def test_an_answer_rule_blocks_or_replaces_not_both() -> None:
+    with pytest.raises(ConfigError, match=r"either blocks or replaces, not both"):
+        parse_config(CONFIG.format(leak=BLOCK + ", replace: no", extra=""), "c.yaml")
