@@ -8,10 +8,13 @@ a withheld answer, not one argument of a blocked tool call, reaches the client.
 
 from __future__ import annotations
 
+import gzip
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
+from starlette.types import Message, Send
 
 from d3backend import EngineError
 from policies import AnswerGuard, AnswerVerdict, Block, Replace
@@ -20,7 +23,7 @@ from router._asgi.headers import HOP_BY_HOP_RAW, Headers, encode_headers
 from router._asgi.relay import UpstreamBroke
 from router._decision.record import D3Decision
 from router._decision.service import RouterService
-from router._errors import Blocked
+from router._errors import Blocked, RequestError, UpstreamFailed
 from router._faces.request import Decided
 
 # Re-encoded bodies lose the upstream's framing and coding: the ASGI server frames what we send.
@@ -38,30 +41,49 @@ async def relay_judged(
     upstream: str,
     on_whole: Callable[[bytes], Awaitable[None]] | None,
 ) -> str:
-    """Judge the answer, then send what the verdict says; return the verdict's outcome (`pass`, `replace`); a block
-    raises `Blocked` (nothing was sent), a broken or oversized answer `UpstreamBroke` (the next upstream, or 502)."""
+    """The proxy's way: read the upstream's answer whole, judge it, send what the verdict says; return `pass` or
+    `replace`. A block raises `Blocked` (nothing was sent), a broken or oversized answer `UpstreamBroke` (the next
+    upstream, or 502)."""
     raw = await _read(response, guard.max_answer_bytes, upstream)
-    streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+    status, headers, body, outcome = await judged(
+        service, guard, request, d3, response.status_code, [*response.headers.raw, *extra], raw
+    )
+    if outcome == "pass" and on_whole is not None and not _streamed(headers):
+        await on_whole(raw)
+    await request.send({"type": "http.response.start", "status": status, "headers": headers})
+    await request.send({"type": "http.response.body", "body": body})
+    return outcome
+
+
+async def judged(
+    service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, status: int, headers: Headers,
+    raw: bytes,
+) -> tuple[int, Headers, bytes, str]:  # fmt: skip
+    """What the client gets for the decoded answer `raw` (`status`, `headers` as the answer came): the answer itself
+    (hop-by-hop, length and coding headers dropped), or a replacement, with the verdict's tags; a block raises
+    `Blocked`."""
+    streamed = _streamed(headers)
     verdict = await judge(service, guard, d3, read_answer(request.api.name, raw, streamed=streamed))
     tags = encode_headers(verdict.tags.items())
-    shown = [(b"x-d3-answer-rule", (verdict.rule or "-").encode("latin-1", "replace"))] if request.debug else []
+    if request.debug:
+        tags.append((b"x-d3-answer-rule", (verdict.rule or "-").encode("latin-1", "replace")))
     action = verdict.action
     if isinstance(action, Block):
         service.metrics.request(d3.policy, f"answer:{verdict.rule}", "block", action.status)
         raise Blocked(action.message, status=action.status, code=verdict.rule if request.debug else None)
+    kept = [(k, v) for k, v in headers if k.lower() not in _DROPPED]
     if isinstance(action, Replace):
         model = request.body.get("model")
-        body, kind = replacement(
-            request.api.name, action.text, model if isinstance(model, str) else "", streamed=streamed
-        )
-        headers = [(b"content-type", kind), *extra, *tags, *shown]
-        await _send(request, 200, headers, body)
-        return "replace"
-    if on_whole is not None and not streamed:
-        await on_whole(raw)
-    kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED]
-    await _send(request, response.status_code, [*kept, *extra, *tags, *shown], raw)
-    return "pass"
+        named = model if isinstance(model, str) else ""
+        body, kind = replacement(request.api.name, action.text, named, streamed=streamed)
+        kept = [(k, v) for k, v in kept if k.lower() != b"content-type"]
+        kept = [(b"content-type", kind), *kept]
+        return 200, [*kept, *tags, (b"content-length", str(len(body)).encode())], body, "replace"
+    return status, [*kept, *tags, (b"content-length", str(len(raw)).encode())], raw, "pass"
+
+
+def _streamed(headers: Headers) -> bool:
+    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
 
 async def judge(service: RouterService, guard: AnswerGuard, d3: D3Decision, answered: Answered) -> AnswerVerdict:
@@ -102,6 +124,70 @@ async def _read(response: httpx.Response, limit: int, upstream: str) -> bytes:
     return b"".join(chunks)
 
 
-async def _send(request: Decided, status: int, headers: Headers, body: bytes) -> None:
-    await request.send({"type": "http.response.start", "status": status, "headers": headers})
-    await request.send({"type": "http.response.body", "body": body})
+def judging(service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, send: Send) -> Send:
+    """The middleware's way: a `send` for the app that holds its answer (up to `answer.max_answer_bytes`), judges it
+    whole, then sends through `send` what the verdict says; a block or an oversized answer is answered in the API's
+    shape instead (`request.fail`). An error answer (3xx and up) goes on as it comes."""
+    start: Message | None = None
+    parts: list[bytes] = []
+    size = 0
+    state = "holding"  # holding -> as-is (an error answer) | done
+
+    async def judging_send(message: Message) -> None:
+        nonlocal start, size, state
+        if state == "as-is":
+            await send(message)
+            return
+        if state == "done":
+            return
+        if message["type"] == "http.response.start":
+            if message["status"] >= 300:
+                state = "as-is"
+                await send(message)
+            else:
+                start = message
+            return
+        if message["type"] != "http.response.body" or start is None:
+            await send(message)
+            return
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > guard.max_answer_bytes:
+            state = "done"
+            limit = guard.max_answer_bytes
+            await request.fail(UpstreamFailed(f"the app answered more than answer.max_answer_bytes ({limit}) for the "
+                                              "answer guard to judge", status=502))  # fmt: skip
+            return
+        parts.append(chunk)
+        if message.get("more_body", False):
+            return
+        state = "done"
+        headers: Headers = list(start.get("headers", []))
+        try:
+            raw = decoded(b"".join(parts), headers)
+            status, kept, body, _ = await judged(service, guard, request, d3, start["status"], headers, raw)
+        except RequestError as exc:
+            await request.fail(exc, encode_headers(d3.headers(full=request.debug)))
+            return
+        await send({"type": "http.response.start", "status": status, "headers": kept})
+        await send({"type": "http.response.body", "body": body})
+
+    return judging_send
+
+
+def decoded(raw: bytes, headers: Headers) -> bytes:
+    """`raw` decoded as its content-encoding says (gzip, deflate, identity); any other coding is refused (502): the
+    guard must read what the client would."""
+    codings = [v.decode("latin-1").strip().lower() for k, v in headers if k.lower() == b"content-encoding"]
+    for coding in reversed([c.strip() for value in codings for c in value.split(",") if c.strip()]):
+        try:
+            if coding in ("gzip", "x-gzip"):
+                raw = gzip.decompress(raw)
+            elif coding == "deflate":
+                raw = zlib.decompress(raw)
+            elif coding != "identity":
+                raise UpstreamFailed(f"the answer's content-encoding {coding!r} cannot be judged; send it as gzip, "
+                                     "deflate or uncoded", status=502)  # fmt: skip
+        except (OSError, EOFError, zlib.error) as exc:
+            raise UpstreamFailed(f"the answer's {coding} encoding is broken", status=502) from exc
+    return raw

@@ -15,10 +15,15 @@ import httpx2
 import openai
 import pytest
 import respx
+from starlette.applications import Starlette
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
 from d3backend import EngineUnavailable, FakeEngine
 from policies import ConfigError, parse_config
-from router import ProxyApp, create_app
+from router import D3RouterMiddleware, ProxyApp, create_app
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +86,9 @@ def answer(api: str, stream: bool, text: str, command: str | None = None) -> tup
         if api == "chat":
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if args:
-                message["tool_calls"] = [{"id": "c1", "type": "function", "function": {"name": "shell", "arguments": args}}]
+                message["tool_calls"] = [
+                    {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": args}}
+                ]
             body: dict[str, Any] = {"id": "x", "object": "chat.completion", "model": "up-model",
                                     "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}  # fmt: skip
         elif api == "completions":
@@ -124,8 +131,13 @@ def answer(api: str, stream: bool, text: str, command: str | None = None) -> tup
         events += [{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": part}}
                    for part in (first, second)]  # fmt: skip
         if args:
-            events += [{"type": "content_block_start", "index": 1,
-                        "content_block": {"type": "tool_use", "id": "t1", "name": "shell", "input": {}}}]
+            events += [
+                {
+                    "type": "content_block_start",
+                    "index": 1,
+                    "content_block": {"type": "tool_use", "id": "t1", "name": "shell", "input": {}},
+                }
+            ]
             events += [{"type": "content_block_delta", "index": 1, "delta": {"type": "input_json_delta",
                                                                              "partial_json": piece}}
                        for piece in (args[:9], args[9:])]  # fmt: skip
@@ -193,9 +205,11 @@ async def test_a_destructive_tool_call_is_blocked_before_any_argument_reaches_th
 ) -> None:
     response = await post(engine, api, stream, answer(api, stream, "Cleaning up.", command="rm -rf ~"))
     assert response.status_code == 403
-    assert b"rm -rf" not in response.content and b"\"command\"" not in response.content
+    assert b"rm -rf" not in response.content and b'"command"' not in response.content
     state = engine.calls[-1][0]
-    assert isinstance(state, dict) and state["tool_calls"] == [{"name": "shell", "arguments": '{"command": "rm -rf ~"}'}]
+    assert isinstance(state, dict) and state["tool_calls"] == [
+        {"name": "shell", "arguments": '{"command": "rm -rf ~"}'}
+    ]
 
 
 async def test_a_gzip_encoded_answer_is_judged_decoded(engine: FakeEngine) -> None:
@@ -298,3 +312,63 @@ def test_an_answer_rule_reading_an_unknown_question_is_a_load_error() -> None:
 def test_an_answer_rule_blocks_or_replaces_not_both() -> None:
     with pytest.raises(ConfigError, match=r"either blocks or replaces, not both"):
         parse_config(CONFIG.format(leak=BLOCK + ", replace: no", extra=""), "c.yaml")
+
+
+# --- the middleware: the app's own answer judged -----------------------------------------------------------------
+def app_answering(body: bytes, kind: str, *, gzipped: bool = False, status: int = 200) -> Any:
+    """A Starlette app answering every POST with `body` (an event stream in three parts, as an app streams it)."""
+
+    async def answer_it(request: Request) -> Response:
+        if kind == "text/event-stream":
+            thirds = [body[: len(body) // 3], body[len(body) // 3 : 2 * len(body) // 3], body[2 * len(body) // 3 :]]
+
+            async def parts() -> AsyncIterator[bytes]:
+                for part in thirds:
+                    yield part
+
+            return StreamingResponse(parts(), media_type=kind, status_code=status)
+        return Response(body, media_type=kind, status_code=status)
+
+    inner: Any = Starlette(routes=[Route(path, answer_it, methods=["POST"]) for path in PATHS.values()])
+    return GZipMiddleware(inner, minimum_size=10) if gzipped else inner
+
+
+async def through_middleware(engine: FakeEngine, inner: Any, api: str, stream: bool, extra: str = "") -> httpx.Response:
+    config = parse_config(CONFIG.format(leak=BLOCK, extra=extra), "c.yaml")
+    app = D3RouterMiddleware(inner, config=config, engine=engine)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as http:
+        return await http.post(PATHS[api], json=request(api, stream), headers={"accept-encoding": "gzip"})
+
+
+@pytest.mark.parametrize(("api", "stream"), CASES)
+async def test_the_middleware_withholds_the_apps_answer_with_the_marker(engine: FakeEngine, api: str, stream: bool
+                                                                        ) -> None:  # fmt: skip
+    body, kind = answer(api, stream, f"The code is {MARKER}.")
+    response = await through_middleware(engine, app_answering(body, kind), api, stream)
+    assert response.status_code == 451 and MARKER.encode() not in response.content
+
+
+@pytest.mark.parametrize(("api", "stream"), CASES)
+async def test_the_middleware_passes_a_clean_answer_byte_for_byte(engine: FakeEngine, api: str, stream: bool) -> None:
+    body, kind = answer(api, stream, "Nothing of note.")
+    response = await through_middleware(engine, app_answering(body, kind), api, stream)
+    assert response.status_code == 200 and response.content == body
+
+
+async def test_the_middleware_judges_an_app_answer_gzipped_inside_it(engine: FakeEngine) -> None:
+    body, kind = answer("chat", False, f"The code is {MARKER}, said at length to be worth compressing.")
+    response = await through_middleware(engine, app_answering(body, kind, gzipped=True), "chat", False)
+    assert response.status_code == 451
+
+
+async def test_the_middleware_lets_an_apps_error_through_unjudged(engine: FakeEngine) -> None:
+    response = await through_middleware(engine, app_answering(b'{"error": "x"}', "application/json", status=500),
+                                        "chat", False)  # fmt: skip
+    assert response.status_code == 500 and response.content == b'{"error": "x"}'
+    assert engine.calls == [], "the request policy asks nothing here, and an error answer is not judged"
+
+
+async def test_the_middleware_refuses_an_app_answer_over_the_bound(engine: FakeEngine) -> None:
+    body, kind = answer("chat", True, "z" * 3000)
+    response = await through_middleware(engine, app_answering(body, kind), "chat", True, extra="max_answer_bytes: 1000")
+    assert response.status_code == 502 and b"zzz" not in response.content
