@@ -63,6 +63,8 @@ class AnswerGuard:
     context: bool = True
     max_chars: int = 6000
     max_answer_bytes: int = 1024 * 1024
+    window_chars: int = 1024
+    overlap_chars: int = 256
     on_engine_error: Literal["block", "pass"] = "block"
 
     def evaluate(self, answers: Mapping[str, Answer]) -> AnswerVerdict:
@@ -145,5 +147,7 @@ def compile_answer(
         spec.context,
         spec.max_chars,
         spec.max_answer_bytes,
+        spec.window_chars,
+        spec.overlap_chars,
         spec.on_engine_error,
     )

@@ -459,6 +459,15 @@ class AnswerSpec(Strict):
     max_answer_bytes: int = Field(
         1024 * 1024, gt=0, description="The largest answer held to be judged; a larger one is refused (502)."
     )
+    window_chars: int = Field(
+        1024, gt=0, description="Streams are judged in windows of this much new text, each released once judged."
+    )
+    overlap_chars: int = Field(
+        256,
+        ge=0,
+        description="The end of the window before, judged again with the next: a marker split across "
+        "the edge is read whole.",
+    )
     on_engine_error: Literal["block", "pass"] = Field(
         "block", description="When the engine cannot judge the answer: withhold it (503) or let it pass."
     )

@@ -297,3 +297,89 @@ STREAMS: dict[str, Callable[[str, str], list[dict[str, Any] | str]]] = {
     "chat": _chat_stream_events, "completions": _completions_stream_events, "responses": _responses_stream_events,
     "messages": _messages_stream_events,
 }  # fmt: skip
+
+
+# --- streams, followed event by event (answer guards' windows) ------------------------------------------------------
+@dataclass(slots=True)
+class Followed:
+    """What a stream said since the last window: new text, tool calls still streaming, tool calls complete."""
+
+    text: str = ""
+    open: dict[Any, list[str]] = field(default_factory=dict)  # key -> [name, arguments so far]
+    done: list[Call] = field(default_factory=list)
+
+    def close(self, key: Any) -> None:
+        if key in self.open:
+            name, arguments = self.open.pop(key)
+            self.done.append(Call(name, arguments))
+
+    def close_all(self) -> None:
+        for key in list(self.open):
+            self.close(key)
+
+
+def event_data(block: bytes) -> dict[str, Any] | None:
+    """One server-sent event's JSON data, or None (a comment, `[DONE]`, anything not a JSON object)."""
+    for event in events(block):
+        return event
+    return None
+
+
+def _follow_chat(event: dict[str, Any], seen: Followed) -> None:
+    for choice in _dicts(event.get("choices")):
+        delta = _dict(choice.get("delta"))
+        seen.text += _text(delta.get("content") or "")
+        for call in _dicts(delta.get("tool_calls")):
+            key = (int(choice.get("index", 0) or 0), int(call.get("index", 0) or 0))
+            function = _dict(call.get("function"))
+            name, arguments = seen.open.setdefault(key, ["", ""])
+            seen.open[key] = [name + str(function.get("name") or ""), arguments + str(function.get("arguments") or "")]
+        if choice.get("finish_reason"):
+            for key in [k for k in seen.open if k[0] == int(choice.get("index", 0) or 0)]:
+                seen.close(key)
+
+
+def _follow_completions(event: dict[str, Any], seen: Followed) -> None:
+    seen.text += "".join(str(choice.get("text", "")) for choice in _dicts(event.get("choices")))
+
+
+def _follow_responses(event: dict[str, Any], seen: Followed) -> None:
+    kind, index = event.get("type"), event.get("output_index")
+    if kind == "response.output_text.delta":
+        seen.text += str(event.get("delta", ""))
+    elif kind == "response.output_item.added":
+        item = _dict(event.get("item"))
+        if item.get("type") != "message":
+            seen.open[index] = [str(item.get("name", item.get("type", ""))), ""]
+    elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta"):
+        if index in seen.open:
+            seen.open[index][1] += str(event.get("delta", ""))
+    elif kind == "response.output_item.done":
+        item = _dict(event.get("item"))
+        if item.get("type") != "message":
+            seen.open.pop(index, None)
+            seen.done.extend(_responses({"output": [item]}).calls)  # the item whole: what the client will run
+
+
+def _follow_messages(event: dict[str, Any], seen: Followed) -> None:
+    kind, index = event.get("type"), event.get("index")
+    if kind == "content_block_start":
+        block = _dict(event.get("content_block"))
+        if block.get("type") == "text":
+            seen.text += str(block.get("text", ""))
+        elif block.get("type") in ("tool_use", "server_tool_use"):
+            seen.open[index] = [str(block.get("name", "")), ""]
+    elif kind == "content_block_delta":
+        delta = _dict(event.get("delta"))
+        if delta.get("type") == "text_delta":
+            seen.text += str(delta.get("text", ""))
+        elif delta.get("type") == "input_json_delta" and index in seen.open:
+            seen.open[index][1] += str(delta.get("partial_json", ""))
+    elif kind == "content_block_stop":
+        seen.close(index)
+
+
+FOLLOWERS: dict[str, Callable[[dict[str, Any], Followed], None]] = {
+    "chat": _follow_chat, "completions": _follow_completions, "responses": _follow_responses,
+    "messages": _follow_messages,
+}  # fmt: skip

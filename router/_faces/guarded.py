@@ -8,6 +8,8 @@ a withheld answer, not one argument of a blocked tool call, reaches the client.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import gzip
 import zlib
 from collections.abc import Awaitable, Callable
@@ -18,17 +20,17 @@ from starlette.types import Message, Send
 
 from d3backend import EngineError
 from policies import AnswerGuard, AnswerVerdict, Block, Replace
-from router._apis.answers import Answered, read_answer, replacement
+from router._apis.answers import Answered, Call, read_answer, replacement
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers, encode_headers
 from router._asgi.relay import UpstreamBroke
 from router._decision.record import D3Decision
 from router._decision.service import RouterService
 from router._errors import Blocked, RequestError, UpstreamFailed
 from router._faces.request import Decided
+from router._faces.windows import EventTooLarge, stream_judged
 
 # Re-encoded bodies lose the upstream's framing and coding: the ASGI server frames what we send.
 _DROPPED = HOP_BY_HOP_RAW | {b"content-length", b"content-encoding"}
-CUT = " [cut]"
 
 
 async def relay_judged(
@@ -44,6 +46,8 @@ async def relay_judged(
     """The proxy's way: read the upstream's answer whole, judge it, send what the verdict says; return `pass` or
     `replace`. A block raises `Blocked` (nothing was sent), a broken or oversized answer `UpstreamBroke` (the next
     upstream, or 502)."""
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        return await _stream(service, guard, request, d3, response, extra, upstream)
     raw = await _read(response, guard.max_answer_bytes, upstream)
     status, headers, body, outcome = await judged(
         service, guard, request, d3, response.status_code, [*response.headers.raw, *extra], raw
@@ -52,6 +56,39 @@ async def relay_judged(
         await on_whole(raw)
     await request.send({"type": "http.response.start", "status": status, "headers": headers})
     await request.send({"type": "http.response.body", "body": body})
+    return outcome
+
+
+async def _stream(
+    service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, response: httpx.Response,
+    extra: Headers, upstream: str,
+) -> str:  # fmt: skip
+    """A streamed answer judged in windows as it flows (router/_faces/windows.py)."""
+    kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED]
+
+    async def start(tags: Headers) -> None:
+        await request.send({"type": "http.response.start", "status": response.status_code,
+                            "headers": [*kept, *extra, *tags]})  # fmt: skip
+
+    async def send_body(body: bytes) -> None:
+        await request.send({"type": "http.response.body", "body": body, "more_body": True})
+
+    model = request.body.get("model")
+    try:
+        outcome = await stream_judged(
+            guard, request.api.name, model if isinstance(model, str) else "",
+            lambda answered: judge(service, guard, d3, answered), response.aiter_bytes(), start, send_body,
+            request.api.stream_error, request.debug,
+        )  # fmt: skip
+    except httpx.HTTPError as exc:
+        raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc
+    except EventTooLarge as exc:
+        raise UpstreamBroke(str(exc)) from exc
+    finally:
+        await response.aclose()
+    await request.send({"type": "http.response.body", "body": b""})
+    if outcome == "block":
+        service.metrics.request(d3.policy, "answer", "block", 200)
     return outcome
 
 
@@ -88,17 +125,40 @@ def _streamed(headers: Headers) -> bool:
 
 async def judge(service: RouterService, guard: AnswerGuard, d3: D3Decision, answered: Answered) -> AnswerVerdict:
     """The guard's verdict on one answer: its questions asked about the answer (and the request's state, with
-    `context`); closed when the engine cannot answer, unless the guard says `on_engine_error: pass`."""
+    `context`); closed when the engine cannot answer, unless the guard says `on_engine_error: pass`.
+
+    A text longer than `max_chars` is judged in slices of `max_chars` overlapping by up to `overlap_chars`, all at
+    once (nothing is cut unread: a marker at the end of a long answer is read too); the first slice that a rule
+    stops decides, tool calls are judged with the first slice."""
     if not guard.questions:
         return guard.evaluate({})
-    text = answered.text if len(answered.text) <= guard.max_chars else answered.text[: guard.max_chars] + CUT
+    verdicts = await asyncio.gather(*(_ask(service, guard, d3, text, answered.calls if first else [])
+                                      for first, text in _slices(answered.text, guard)))  # fmt: skip
+    tags: dict[str, str] = {}
+    for verdict in verdicts:
+        tags.update(verdict.tags)
+        if verdict.action is not None or verdict.degraded:
+            return dataclasses.replace(verdict, tags=tags)
+    return dataclasses.replace(verdicts[-1], tags=tags)
+
+
+def _slices(text: str, guard: AnswerGuard) -> list[tuple[bool, str]]:
+    size = guard.max_chars
+    if len(text) <= size:
+        return [(True, text)]
+    step = size - min(guard.overlap_chars, size // 2)
+    return [(at == 0, text[at : at + size]) for at in range(0, len(text) - size + step, step)]
+
+
+async def _ask(service: RouterService, guard: AnswerGuard, d3: D3Decision, text: str, calls: list[Call]
+               ) -> AnswerVerdict:  # fmt: skip
     state: dict[str, Any] = {}
     if guard.context:
         state["request"] = d3.state.state
     if guard.read in ("text", "both"):
         state["answer"] = text
     if guard.read in ("tool_calls", "both"):
-        state["tool_calls"] = [{"name": call.name, "arguments": call.arguments} for call in answered.calls]
+        state["tool_calls"] = [{"name": call.name, "arguments": call.arguments} for call in calls]
     try:
         decided = await service.ask(state, guard.questions)
     except (EngineError, TimeoutError):

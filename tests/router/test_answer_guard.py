@@ -4,6 +4,7 @@ API's shape (a stream's marker split across two events)."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from collections.abc import AsyncIterator
@@ -46,6 +47,18 @@ BLOCK = "block: {status: 451, message: The answer was withheld.}"
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "responses": "/v1/responses",
          "messages": "/v1/messages"}  # fmt: skip
 MARKER = "SECRET-7731"
+
+
+class SlowEngine(FakeEngine):
+    """A fake engine whose answers come from an async function (to hold a judgement open)."""
+
+    def __init__(self, answers: Any) -> None:
+        super().__init__()
+        self.slow = answers
+
+    async def decide(self, state: Any, questions: Any, **kwargs: Any) -> Any:
+        self.answers = await self.slow(state, questions)
+        return await super().decide(state, questions, **kwargs)
 
 
 def verdicts(state: Any, questions: Any) -> dict[str, Any]:
@@ -295,12 +308,108 @@ async def test_an_answer_over_the_bound_is_refused_not_sent(engine: FakeEngine) 
     assert "max_answer_bytes" in response.json()["error"]["message"]
 
 
-async def test_the_engine_reads_the_request_beside_the_answer_and_a_cut_long_answer(engine: FakeEngine) -> None:
-    await post(engine, "chat", False, answer("chat", False, "y" * 200), extra="max_chars: 50")
+async def test_the_engine_reads_the_request_beside_the_answer(engine: FakeEngine) -> None:
+    await post(engine, "chat", False, answer("chat", False, "Nothing here."))
     state = engine.calls[-1][0]
-    assert isinstance(state, dict)
-    assert state["answer"] == "y" * 50 + " [cut]"
-    assert "What is in the vault?" in json.dumps(state["request"])
+    assert isinstance(state, dict) and "What is in the vault?" in json.dumps(state["request"])
+
+
+async def test_a_long_answer_is_read_whole_in_overlapping_slices(engine: FakeEngine) -> None:
+    text = "y" * 300 + MARKER
+    response = await post(engine, "chat", False, answer("chat", False, text),
+                          extra="max_chars: 100\n      overlap_chars: 20")  # fmt: skip
+    assert response.status_code == 451, "the marker past max_chars is read"
+    read = [call[0]["answer"] for call in engine.calls if isinstance(call[0], dict)]
+    assert all(len(piece) <= 100 for piece in read) and MARKER in read[-1]
+
+
+# --- streams in windows ------------------------------------------------------------------------------------------
+WINDOWED = "window_chars: 40\n      overlap_chars: 16"
+
+
+def chat_stream(*pieces: str, calls: tuple[str, ...] = ()) -> tuple[bytes, str]:
+    events: list[dict[str, Any] | str] = [
+        {"id": "x", "choices": [{"index": 0, "delta": {"content": p}}]} for p in pieces
+    ]
+    for index, piece in enumerate(calls):
+        delta = {"index": 0, "id": "c1", "function": {"name": "shell" if index == 0 else "", "arguments": piece}}
+        events.append({"id": "x", "choices": [{"index": 0, "delta": {"tool_calls": [delta]}}]})
+    events += [{"id": "x", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, "[DONE]"]
+    return sse(*events), "text/event-stream"
+
+
+async def test_a_long_clean_stream_passes_whole_in_windows(engine: FakeEngine) -> None:
+    upstream = chat_stream(*(f"line {i} of a long and harmless answer. " for i in range(30)))
+    response = await post(engine, "chat", True, upstream, extra=WINDOWED)
+    assert response.status_code == 200 and response.content == upstream[0]
+    assert len(engine.calls) > 10, "judged window by window"
+
+
+async def test_a_marker_late_in_a_stream_ends_it_with_the_apis_error_event(engine: FakeEngine) -> None:
+    upstream = chat_stream(*(f"line {i} of a long answer. " for i in range(20)), f"and then {MARKER}", "after")
+    response = await post(engine, "chat", True, upstream, extra=WINDOWED)
+    assert response.status_code == 200  # the stream had started: windows before the marker were released
+    assert b"line 0 of" in response.content
+    assert (
+        MARKER.encode() not in response.content
+        and b"SECRET" not in response.content
+        and b"after" not in response.content
+    )
+    last = response.content.rstrip().rsplit(b"\n\n", 1)[-1]
+    assert json.loads(last.removeprefix(b"data: "))["error"]["message"] == "The answer was withheld."
+
+
+async def test_a_marker_split_across_a_window_edge_is_caught(engine: FakeEngine) -> None:
+    # 40 characters fill the first window exactly with the marker's first half; the rest opens the next.
+    lead = "a" * (40 - 5)
+    upstream = chat_stream(lead + MARKER[:5], MARKER[5:] + " and more text after the secret to fill it.")
+    response = await post(engine, "chat", True, upstream, extra=WINDOWED)
+    assert response.status_code == 200 and MARKER[:5].encode() in response.content  # the first window passed
+    assert MARKER[5:].encode() not in response.content, "the overlap read the marker whole"
+    assert b'"error"' in response.content.rstrip().rsplit(b"\n\n", 1)[-1]
+
+
+async def test_a_destructive_call_streamed_in_pieces_releases_none_of_them(engine: FakeEngine) -> None:
+    args = json.dumps({"command": "rm -rf ~"})
+    pieces = tuple(args[i : i + 3] for i in range(0, len(args), 3))
+    upstream = chat_stream(*(f"step {i} of the plan is harmless. " for i in range(6)), calls=pieces)
+    response = await post(engine, "chat", True, upstream, extra=WINDOWED)
+    assert b"step 0" in response.content, "the text before the call was released"
+    assert b"tool_calls" not in response.content and b"rm -rf" not in response.content
+    assert b'"error"' in response.content
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+async def test_a_destructive_call_in_a_messages_or_responses_stream_is_held_and_blocked(engine: FakeEngine, api: str
+                                                                                         ) -> None:  # fmt: skip
+    response = await post(engine, api, True, answer(api, True, "Cleaning up. " * 10, command="rm -rf ~"),
+                          extra=WINDOWED)  # fmt: skip
+    assert b"rm -rf" not in response.content and b"shell" not in response.content
+
+
+async def test_one_very_long_event_is_judged_whole(engine: FakeEngine) -> None:
+    upstream = chat_stream("b" * 20_000 + MARKER + "b" * 100)
+    response = await post(engine, "chat", True, upstream, extra=WINDOWED)
+    assert response.status_code == 451 and MARKER.encode() not in response.content
+
+
+async def test_windows_are_judged_while_the_next_fill() -> None:
+    """Pipelining: a window's judgement starts before the one before it has its verdict."""
+    in_flight, most = 0, 0
+
+    async def slow(state: Any, questions: Any) -> dict[str, Any]:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.05)
+        in_flight -= 1
+        return verdicts(state, questions)
+
+    engine = SlowEngine(slow)
+    upstream = chat_stream(*(f"line {i} of a long and harmless answer. " for i in range(30)))
+    response = await post(engine, "chat", True, upstream, extra=WINDOWED)
+    assert response.content == upstream[0]
+    assert most > 1, "windows were judged one after the other"
 
 
 def test_an_answer_rule_reading_an_unknown_question_is_a_load_error() -> None:
