@@ -8,6 +8,7 @@ import asyncio
 import gzip
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -25,6 +26,7 @@ from starlette.routing import Route
 from d3backend import EngineUnavailable, FakeEngine
 from policies import ConfigError, parse_config
 from router import D3RouterMiddleware, ProxyApp, create_app
+from router._cli.main import main
 
 pytestmark = pytest.mark.anyio
 
@@ -481,3 +483,12 @@ async def test_the_middleware_refuses_an_app_answer_over_the_bound(engine: FakeE
     body, kind = answer("chat", True, "z" * 3000)
     response = await through_middleware(engine, app_answering(body, kind), "chat", True, extra="max_answer_bytes: 1000")
     assert response.status_code == 502 and b"zzz" not in response.content
+
+
+def test_check_summarizes_the_answer_guard(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text(CONFIG.format(leak=BLOCK, extra="read: tool_calls"), encoding="utf-8")
+    assert main(["check", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "    answer guard: reads tool_calls, asks 2 (leak, destructive), 2 rules; on engine error: block"
+    )
