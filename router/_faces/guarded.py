@@ -73,12 +73,16 @@ async def _stream(
     async def send_body(body: bytes) -> None:
         await request.send({"type": "http.response.body", "body": body, "more_body": True})
 
+    def ended(rule: str | None, outcome: str) -> None:
+        service.metrics.answer_verdicts[(d3.policy, rule or "-", outcome)] += 1
+
     model = request.body.get("model")
     try:
         outcome = await stream_judged(
             guard, request.api.name, model if isinstance(model, str) else "",
             lambda answered: judge(service, guard, d3, answered), response.aiter_bytes(), start, send_body,
             request.api.stream_error, request.debug,
+            ended,
         )  # fmt: skip
     except httpx.HTTPError as exc:
         raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc
@@ -87,8 +91,6 @@ async def _stream(
     finally:
         await response.aclose()
     await request.send({"type": "http.response.body", "body": b""})
-    if outcome == "block":
-        service.metrics.request(d3.policy, "answer", "block", 200)
     return outcome
 
 
@@ -105,8 +107,9 @@ async def judged(
     if request.debug:
         tags.append((b"x-d3-answer-rule", (verdict.rule or "-").encode("latin-1", "replace")))
     action = verdict.action
+    outcome = "pass" if action is None else action.kind
+    service.metrics.answer_verdicts[(d3.policy, verdict.rule or "-", outcome)] += 1
     if isinstance(action, Block):
-        service.metrics.request(d3.policy, f"answer:{verdict.rule}", "block", action.status)
         raise Blocked(action.message, status=action.status, code=verdict.rule if request.debug else None)
     kept = [(k, v) for k, v in headers if k.lower() not in _DROPPED]
     if isinstance(action, Replace):
@@ -159,6 +162,7 @@ async def _ask(service: RouterService, guard: AnswerGuard, d3: D3Decision, text:
         state["answer"] = text
     if guard.read in ("tool_calls", "both"):
         state["tool_calls"] = [{"name": call.name, "arguments": call.arguments} for call in calls]
+    service.metrics.answer_judgements[d3.policy] += 1
     try:
         decided = await service.ask(state, guard.questions)
     except (EngineError, TimeoutError):

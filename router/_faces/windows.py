@@ -66,10 +66,12 @@ async def stream_judged(
     send_body: Callable[[bytes], Awaitable[None]],
     stream_error: Callable[[str], bytes],
     debug: bool,
+    ended: Callable[[str | None, str], None],
 ) -> str:
     """Judge the stream `chunks` window by window, releasing what passes through `send_body` (after `start`, given
-    the verdict tags, before the first release); return `pass`, `replace` or `block`. A block before any release
-    raises `Blocked`; after it, the stream ends with `stream_error(message)`."""
+        the verdict tags, before the first release); return the outcome (`pass`, `replace`, `block`, `broken`) and the
+    rule that stopped the stream (None when none did). A block before any release
+        raises `Blocked`; after it, the stream ends with `stream_error(message)`."""
     follow = FOLLOWERS[api]
     seen = Followed()
     held: list[bytes] = []
@@ -77,15 +79,19 @@ async def stream_judged(
     tail = ""
     started = False
     tags: dict[str, str] = {}
+    stopped: str | None = None
 
     async def release(window: _Window) -> str | None:
         """Send a judged window; the outcome if it ends the stream."""
-        nonlocal started
+        nonlocal started, stopped
         verdict = await window.verdict
         tags.update(verdict.tags)
         action = verdict.action
+        if action is not None:
+            stopped = verdict.rule
         if isinstance(action, Block):
             if not started:
+                ended(stopped, "block")
                 raise Blocked(action.message, status=action.status, code=verdict.rule if debug else None)
             await send_body(stream_error(action.message))
             return "block"
@@ -128,6 +134,7 @@ async def stream_judged(
                 while queue and (queue[0].verdict.done() or len(queue) > MAX_AHEAD):
                     outcome = await release(queue.pop(0))
                     if outcome is not None:
+                        ended(stopped, outcome)
                         return outcome
         except (httpx.HTTPError, EventTooLarge):
             if not started:
@@ -135,15 +142,18 @@ async def stream_judged(
             for window in queue:  # what was held is not released: it was not all judged
                 window.verdict.cancel()
             await send_body(stream_error("the upstream broke off its answer"))
+            ended(None, "broken")
             return "broken"
         if held or seen.text or seen.open or seen.done:
             cut(final=True)
         while queue:
             outcome = await release(queue.pop(0))
             if outcome is not None:
+                ended(stopped, outcome)
                 return outcome
         if not started:  # an empty stream
             await start(encode_headers(tags.items()))
+        ended(None, "pass")
         return "pass"
     finally:
         for window in queue:

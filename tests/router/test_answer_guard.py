@@ -492,3 +492,23 @@ def test_check_summarizes_the_answer_guard(tmp_path: Path, capsys: pytest.Captur
     assert capsys.readouterr().out.splitlines()[-1] == (
         "    answer guard: reads tool_calls, asks 2 (leak, destructive), 2 rules; on engine error: block"
     )
+
+
+@pytest.mark.parametrize(("stream", "text", "outcome"), [
+    (False, "Nothing here.", ("-", "pass")), (False, MARKER, ("no-leak", "block")),
+    (True, "Nothing here.", ("-", "pass")), (True, MARKER, ("no-leak", "block")),
+])  # fmt: skip
+async def test_verdicts_and_judgements_are_counted(engine: FakeEngine, stream: bool, text: str, outcome: tuple[str, str]
+                                                   ) -> None:  # fmt: skip
+    config = parse_config(CONFIG.format(leak=BLOCK, extra=""), "c.yaml")
+    app = create_app(config, engine=engine, transport=httpx.AsyncHTTPTransport())
+    body, kind = answer("chat", stream, text)
+    with respx.mock(assert_all_called=True) as mock:
+        mock.route(host="up.test").mock(return_value=httpx.Response(200, content=body, headers={"content-type": kind}))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+            await http.post(PATHS["chat"], json=request("chat", stream))
+    shown = app.service.metrics.render()
+    await app.aclose()
+    rule, result = outcome
+    assert f'd3router_answer_verdicts_total{{outcome="{result}",policy="guarded",rule="{rule}"}} 1.0' in shown
+    assert 'd3router_answer_judgements_total{policy="guarded"} 1.0' in shown
