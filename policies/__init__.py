@@ -9,6 +9,7 @@ Pure: reads its files and nothing else.
 """
 
 from policies._access import AuthSettings, ClientKeySpec, GroupSpec, RateSpec
+from policies._answer import AnswerGuard, AnswerVerdict, Replace
 from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
 from policies._expr import Condition, compile_condition
 from policies._facts import FACTS, Fact, Facts, FactValue
@@ -38,6 +39,8 @@ __all__ = [
     "FACTS",
     "PARAMS",
     "Action",
+    "AnswerGuard",
+    "AnswerVerdict",
     "ApiName",
     "AuthSettings",
     "Block",
@@ -64,6 +67,7 @@ __all__ = [
     "QuestionSpec",
     "RateSpec",
     "RemoteSettings",
+    "Replace",
     "Route",
     "Rule",
     "ServerSettings",

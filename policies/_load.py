@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from d3backend import Choice, Noul, Question, Score, answer_from
+from policies._answer import compile_answer
 from policies._errors import ConfigError, Issue, Path
 from policies._expr import compile_condition
 from policies._facts import fact_type_error
@@ -210,6 +211,7 @@ class _Compiler:
                 " add e.g. `- {name: default, route: <upstream>}`",
             )
         fallback = self.on_engine_error(spec.on_engine_error, spec.rules[-1], spec.apis, (*path, ON_ENGINE_ERROR))
+        guard = None if spec.answer is None else compile_answer(spec.answer, self, self.question, (*path, "answer"))
         if len(self.issues) > before or fallback is None:
             return None
         unused = tuple(qid for qid in declared if qid not in referenced)
@@ -231,6 +233,7 @@ class _Compiler:
             spec.ask,
             spec.shadow,
             SessionSettings(spec.session.mode, spec.session.ttl_s),
+            guard,
         )
 
     def params(self, spec: ActionSpec, apis: Sequence[str], path: Path) -> None:

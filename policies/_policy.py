@@ -17,13 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from d3backend import Answer, Question
 from policies._errors import EvaluationError
 from policies._expr import Condition
 from policies._facts import FACTS, Facts
 from policies._params import APIS
+
+if TYPE_CHECKING:
+    from policies._answer import AnswerGuard
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +119,7 @@ class Policy:
     ask: Literal["together", "staged"] = "together"
     shadow: str | None = None  # a policy evaluated beside this one, never acted on
     session: SessionSettings = SessionSettings()
+    answer: AnswerGuard | None = None  # questions about the upstream's answer (policies/_answer.py)
     # The engine calls, in order, whose questions partition `questions`: one for `together`; for `staged`, the
     # questions of the rules up to the first that can route or block, then the rest (see `staging`).
     stages: tuple[Mapping[str, Question], ...] = field(init=False, repr=False, compare=False, default=())

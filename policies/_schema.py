@@ -277,6 +277,21 @@ Tags = dict[str, str]
 Params = dict[str, Any]
 
 
+def _checked_tags(tags: Tags) -> Tags:
+    """Tags are headers: a valid name, not one the router owns, no control character in the value."""
+    for name, value in tags.items():
+        if not HEADER_NAME.match(name):
+            raise PydanticCustomError("header", "invalid header name {n}", {"n": repr(name)})
+        lowered = name.lower()
+        if lowered in _RESERVED_HEADERS or lowered.startswith("x-d3-"):
+            raise PydanticCustomError(
+                "header", "header {n} is reserved; pick another name, e.g. 'x-team'", {"n": repr(name)}
+            )
+        if any(ch in value for ch in "\r\n\0") or not value.isprintable():
+            raise PydanticCustomError("header", "the value of header {n} holds a control character", {"n": repr(name)})
+    return tags
+
+
 class ActionSpec(Strict):
     """What a rule does: route (an upstream or a fallback list), block, and optionally tag and set."""
 
@@ -298,19 +313,7 @@ class ActionSpec(Strict):
     @field_validator("tag")
     @classmethod
     def _tags(cls, tags: Tags) -> Tags:
-        for name, value in tags.items():
-            if not HEADER_NAME.match(name):
-                raise PydanticCustomError("header", "invalid header name {n}", {"n": repr(name)})
-            lowered = name.lower()
-            if lowered in _RESERVED_HEADERS or lowered.startswith("x-d3-"):
-                raise PydanticCustomError(
-                    "header", "header {n} is reserved; pick another name, e.g. 'x-team'", {"n": repr(name)}
-                )
-            if any(ch in value for ch in "\r\n\0") or not value.isprintable():
-                raise PydanticCustomError(
-                    "header", "the value of header {n} holds a control character", {"n": repr(name)}
-                )
-        return tags
+        return _checked_tags(tags)
 
     @field_validator("set_")
     @classmethod
@@ -414,6 +417,71 @@ class TestCaseSpec(Strict):
     expect: ExpectSpec = Field(description="What the decision must be.")
 
 
+# --- answer guards (issue 27; compiled in policies/_answer.py) ----------------------------------------------
+class AnswerBlockSpec(Strict):
+    """The error the client gets instead of a blocked answer."""
+
+    status: int = Field(403, ge=400, le=599, description="The HTTP status.")
+    message: str = Field("The answer was withheld by policy.", description="The error's message.")
+
+
+class AnswerRuleSpec(Strict):
+    """One answer rule: `block` the answer, `replace` it with a text, or only `tag` it."""
+
+    name: str = Field(min_length=1, description="Unique among the answer rules; named in x-d3-answer-rule and logs.")
+    when: str | None = Field(None, description="A condition over the answer questions, e.g. leak > 0.8")
+    block: AnswerBlockSpec | None = Field(None, description="Withhold the answer: the client gets this error.")
+    replace: str | None = Field(
+        None, min_length=1, description="Withhold the answer: the client gets an answer with this text instead."
+    )
+    tag: Tags = Field(default_factory=dict, description="Headers added to the client's response.")
+
+    @field_validator("tag")
+    @classmethod
+    def _tags(cls, tags: Tags) -> Tags:
+        return _checked_tags(tags)
+
+    @model_validator(mode="after")
+    def _one_action(self) -> AnswerRuleSpec:
+        if self.block is not None and self.replace is not None:
+            raise PydanticCustomError("action", "an answer rule either blocks or replaces, not both")
+        if self.block is None and self.replace is None and not self.tag:
+            raise PydanticCustomError(
+                "action", "answer rule {n} does nothing; give it `block`, `replace` or `tag`", {"n": repr(self.name)}
+            )
+        return self
+
+
+class AnswerSpec(Strict):
+    """Questions and rules about the upstream's answer, judged before any of it reaches the client."""
+
+    read: Literal["text", "tool_calls", "both"] = Field(
+        "both",
+        description="What the engine reads of the answer: its text, its tool calls (name and arguments), or both.",
+    )
+    context: bool = Field(True, description="Give the engine the request's own state beside the answer (the task).")
+    max_chars: int = Field(6000, gt=0, description="The answer's budget in the state; the rest is cut, and said so.")
+    max_answer_bytes: int = Field(
+        1024 * 1024, gt=0, description="The largest answer held to be judged; a larger one is refused (502)."
+    )
+    window_chars: int = Field(
+        1024, gt=0, description="Streams are judged in windows of this much new text, each released once judged."
+    )
+    overlap_chars: int = Field(
+        256,
+        ge=0,
+        description="The end of the window before, judged again with the next: a marker split across "
+        "the edge is read whole.",
+    )
+    on_engine_error: Literal["block", "pass"] = Field(
+        "block", description="When the engine cannot judge the answer: withhold it (503) or let it pass."
+    )
+    questions: dict[str, QuestionSpec] = Field(
+        default_factory=dict, max_length=MAX_QUESTIONS, description="Keyed by id, as a policy's questions."
+    )
+    rules: list[AnswerRuleSpec] = Field(min_length=1, description="In order; an answer no rule stops passes.")
+
+
 class PolicySpec(Strict):
     """A policy, keyed by the model name clients send: questions for the engine, rules over the answers."""
 
@@ -453,6 +521,9 @@ class PolicySpec(Strict):
         min_length=1, description="In order; the last must be an unconditional route, the policy's default."
     )
     tests: list[TestCaseSpec] = Field(default_factory=list, description="Cases `d3router test` runs.")
+    answer: AnswerSpec | None = Field(
+        None, description="Questions and rules about the upstream's answer, judged before it reaches the client."
+    )
 
     @field_validator("questions", mode="before")
     @classmethod

@@ -175,6 +175,13 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             f" on engine error: {fallback}",
             file=out,
         )
+        guard = policy.answer
+        if guard is not None:
+            print(
+                f"    answer guard: reads {guard.read}, asks {len(guard.questions)} ({', '.join(guard.questions)}),"
+                f" {len(guard.rules)} rules; on engine error: {guard.on_engine_error}",
+                file=out,
+            )
     return EXIT_OK
 
 

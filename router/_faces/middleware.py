@@ -45,6 +45,7 @@ from router._asgi.relay import BUFFER_LIMIT
 from router._decision.engines import start_engine
 from router._errors import Blocked, Overloaded, RequestError, Unauthorized
 from router._faces.auth import Access, Caller
+from router._faces.guarded import judging
 from router._faces.lifecycle import open_decision_log
 from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
@@ -140,6 +141,8 @@ class D3RouterMiddleware:
                 await turn.remember(answer.whole)
             await send(message)
 
+        if policy.answer is not None:  # the app's answer judged whole before the client has any of it
+            return judging(self.service, policy.answer, request, d3, send_with_headers)
         return send_with_headers
 
     def _caller(self, scope: Scope) -> Caller:

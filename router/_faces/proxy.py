@@ -58,6 +58,7 @@ from router._errors import (
 from router._faces.auth import Access, Caller
 from router._faces.decisions import serve_decisions, serve_systemone
 from router._faces.forward import Failure, Forwarder, allowed, decided_path, unsafe_path
+from router._faces.guarded import relay_judged
 from router._faces.lifecycle import Generation, Lifecycle
 from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
@@ -239,7 +240,10 @@ class ProxyApp(Lifecycle):
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
                     broke = f"upstream {name!r} broke off its answer"
                     ending = functools.partial(api.stream_error, broke)  # made only if it breaks off
-                    if not await relay(response, request.send, headers, name, remember, ending):
+                    guard = request.policy.answer if request.policy is not None else None
+                    if guard is not None and response.is_success:  # judged whole first (router/_faces/guarded.py)
+                        await relay_judged(self.service, guard, request, d3, response, headers, name, remember)
+                    elif not await relay(response, request.send, headers, name, remember, ending):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1

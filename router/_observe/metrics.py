@@ -135,6 +135,8 @@ class Metrics:
         )
         self._pool: _Pool | None = None  # made when a remote engine is first shown
         self._log_dropped: Counts[str] | None = None  # made with the first decision log
+        self._answer_verdicts: Counts[tuple[str, str, str]] | None = None  # made with the first answer judged
+        self._answer_judgements: Counts[str] | None = None
         self.multiprocess = self._dir is not None
         self.process = ProcessCollector(registry=None)
         self._shown = CollectorRegistry(auto_describe=False)
@@ -150,6 +152,30 @@ class Metrics:
                 ("reason",),
             )
         return self._log_dropped
+
+    @property
+    def answer_verdicts(self) -> Counts[tuple[str, str, str]]:
+        """Answers judged by answer guards (issue 27), by policy, rule and outcome; shown once one was judged."""
+        if self._answer_verdicts is None:
+            self._answer_verdicts = self.counter(
+                "d3router_answer_verdicts",
+                "Answers judged by a policy's answer guard, by policy, the rule that stopped it (- for none) and "
+                "outcome (pass, block, replace, broken).",
+                ("policy", "rule", "outcome"),
+            )
+        return self._answer_verdicts
+
+    @property
+    def answer_judgements(self) -> Counts[str]:
+        """Engine calls of answer guards, by policy; shown once one was made."""
+        if self._answer_judgements is None:
+            self._answer_judgements = self.counter(
+                "d3router_answer_judgements",
+                "Engine calls of answer guards (a whole answer, a slice of a long one, a window of a stream), by "
+                "policy.",
+                ("policy",),
+            )
+        return self._answer_judgements
 
     def usage(self, decided: Decided) -> None:
         """Count an engine call's answer: a cache hit or miss, and, for a miss, its tokens."""

@@ -1,0 +1,170 @@
+"""A streamed answer judged in windows while it flows (issue 27.3).
+
+Events are held until `answer.stream.window_chars` of new text have come (or the stream ends); the window, with the
+last `overlap_chars` of the one before (a marker split across a window edge is still read whole), goes to the engine
+while the next window fills; a window is released once judged, in order. A tool call is held until it is complete
+and is judged whole: no argument of a blocked call reaches the client. A block ends the stream with the client API's
+own error event and closes the upstream; if nothing was released yet, the client gets the block's plain error.
+
+What a block cannot take back: the windows already released (say so to whoever writes the policy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+
+from policies import AnswerGuard, AnswerVerdict, Block, Replace
+from router._apis.answers import FOLLOWERS, Answered, Followed, event_data, replacement
+from router._asgi.headers import Headers, encode_headers
+from router._errors import Blocked
+
+Judge = Callable[[Answered], Awaitable[AnswerVerdict]]
+MAX_AHEAD = 4  # windows judged at once at most; then reading waits for the oldest verdict
+
+
+@dataclass(slots=True)
+class _Window:
+    events: list[bytes]
+    verdict: asyncio.Task[AnswerVerdict]
+
+
+async def split_events(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
+    """The stream's events, each with its blank-line end; one event over `limit` bytes is an error (the guard cannot
+    hold it), and a last event without its end is given as it is."""
+    buffer = b""
+    async for chunk in chunks:
+        buffer += chunk
+        while True:
+            ends = [(i, n) for i, n in ((buffer.find(b"\n\n"), 2), (buffer.find(b"\r\n\r\n"), 4)) if i >= 0]
+            if not ends:
+                break
+            at, size = min(ends)
+            yield buffer[: at + size]
+            buffer = buffer[at + size :]
+        if len(buffer) > limit:
+            raise EventTooLarge(f"a streamed event is larger than answer.max_answer_bytes ({limit})")
+    if buffer.strip():
+        yield buffer
+
+
+class EventTooLarge(Exception):
+    pass
+
+
+async def stream_judged(
+    guard: AnswerGuard,
+    api: str,
+    model: str,
+    judge: Judge,
+    chunks: AsyncIterator[bytes],
+    start: Callable[[Headers], Awaitable[None]],
+    send_body: Callable[[bytes], Awaitable[None]],
+    stream_error: Callable[[str], bytes],
+    debug: bool,
+    ended: Callable[[str | None, str], None],
+) -> str:
+    """Judge the stream `chunks` window by window, releasing what passes through `send_body` (after `start`, given
+        the verdict tags, before the first release); return the outcome (`pass`, `replace`, `block`, `broken`) and the
+    rule that stopped the stream (None when none did). A block before any release
+        raises `Blocked`; after it, the stream ends with `stream_error(message)`."""
+    follow = FOLLOWERS[api]
+    seen = Followed()
+    held: list[bytes] = []
+    queue: list[_Window] = []
+    tail = ""
+    started = False
+    tags: dict[str, str] = {}
+    stopped: str | None = None
+
+    async def release(window: _Window) -> str | None:
+        """Send a judged window; the outcome if it ends the stream."""
+        nonlocal started, stopped
+        verdict = await window.verdict
+        tags.update(verdict.tags)
+        action = verdict.action
+        if action is not None:
+            stopped = verdict.rule
+        if isinstance(action, Block):
+            if not started:
+                ended(stopped, "block")
+                raise Blocked(action.message, status=action.status, code=verdict.rule if debug else None)
+            await send_body(stream_error(action.message))
+            return "block"
+        if isinstance(action, Replace) and not started:
+            body, _ = replacement(api, action.text, model, streamed=True)
+            await start(_shown(verdict, tags, debug))
+            started = True
+            await send_body(body)
+            return "replace"
+        if isinstance(action, Replace):  # the text already released cannot be replaced: end it as a block
+            await send_body(stream_error(action.text))
+            return "block"
+        if not started:
+            await start(_shown(verdict, tags, debug))
+            started = True
+        for event in window.events:
+            await send_body(event)
+        return None
+
+    def cut(final: bool = False) -> None:
+        nonlocal tail, held
+        if final:
+            seen.close_all()
+        window_text = tail + seen.text
+        answered = Answered(window_text, list(seen.done))
+        queue.append(_Window(held, asyncio.ensure_future(judge(answered))))
+        tail = window_text[-guard.overlap_chars :] if guard.overlap_chars else ""
+        held = []
+        seen.text, seen.done = "", []
+
+    try:
+        try:
+            async for event in split_events(chunks, guard.max_answer_bytes):
+                held.append(event)
+                data = event_data(event)
+                if data is not None:
+                    follow(data, seen)
+                if not seen.open and (seen.done or len(seen.text) >= guard.window_chars):
+                    cut()
+                while queue and (queue[0].verdict.done() or len(queue) > MAX_AHEAD):
+                    outcome = await release(queue.pop(0))
+                    if outcome is not None:
+                        ended(stopped, outcome)
+                        return outcome
+        except (httpx.HTTPError, EventTooLarge):
+            if not started:
+                raise  # nothing sent: the next upstream, or a 502
+            for window in queue:  # what was held is not released: it was not all judged
+                window.verdict.cancel()
+            await send_body(stream_error("the upstream broke off its answer"))
+            ended(None, "broken")
+            return "broken"
+        if held or seen.text or seen.open or seen.done:
+            cut(final=True)
+        while queue:
+            outcome = await release(queue.pop(0))
+            if outcome is not None:
+                ended(stopped, outcome)
+                return outcome
+        if not started:  # an empty stream
+            await start(encode_headers(tags.items()))
+        ended(None, "pass")
+        return "pass"
+    finally:
+        for window in queue:
+            window.verdict.cancel()
+        for window in queue:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await window.verdict
+
+
+def _shown(verdict: AnswerVerdict, tags: dict[str, str], debug: bool) -> Headers:
+    headers = encode_headers(tags.items())
+    if debug:
+        headers.append((b"x-d3-answer-rule", (verdict.rule or "-").encode("latin-1", "replace")))
+    return headers
