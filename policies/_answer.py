@@ -23,7 +23,8 @@ from typing import Any, Literal, Protocol
 
 from d3backend import Answer, Question
 from policies._errors import EvaluationError, Path
-from policies._expr import ExpressionError, compile_condition
+from policies._expr import compile_condition
+from policies._lexer import ExpressionError
 from policies._policy import Block, Rule, Step
 from policies._schema import AnswerSpec
 
@@ -128,6 +129,12 @@ def compile_answer(
                 report.issue((*rule_path, "when"), str(exc))
                 ok = False
                 continue
+        facts = sorted(name for name in names if name not in declared)
+        if facts:  # the request's facts are the request policy's; an answer rule reads the answer
+            report.issue((*rule_path, "when"), f"answer rule {rule.name!r} reads {', '.join(facts)}: an answer rule "
+                         "reads only the answer's questions; route on facts in the policy's own rules")  # fmt: skip
+            ok = False
+            continue
         read |= names
         action: AnswerAction | None = None
         if rule.block is not None:

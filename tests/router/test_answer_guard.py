@@ -420,6 +420,12 @@ def test_an_answer_rule_reading_an_unknown_question_is_a_load_error() -> None:
         parse_config(text, "c.yaml")
 
 
+def test_an_answer_rule_reading_a_request_fact_is_a_load_error() -> None:
+    text = CONFIG.format(leak=BLOCK, extra="").replace("when: leak > 0.8", "when: leak > 0.8 and request.tokens > 9")
+    with pytest.raises(ConfigError, match=r"answer rule 'no-leak' reads request\.tokens: an answer rule reads only"):
+        parse_config(text, "c.yaml")
+
+
 def test_an_answer_rule_blocks_or_replaces_not_both() -> None:
     with pytest.raises(ConfigError, match=r"either blocks or replaces, not both"):
         parse_config(CONFIG.format(leak=BLOCK + ", replace: no", extra=""), "c.yaml")
