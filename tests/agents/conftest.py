@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -88,12 +89,14 @@ def run(argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float = 120)
     home = cwd.parent / "home"
     home.mkdir(exist_ok=True)
     base = {key: os.environ[key] for key in ("PATH", "LANG", "TERM") if key in os.environ}
+    # A session of its own: on a timeout the CLI and whatever it started (shells, sub-processes) are killed together.
     process = subprocess.Popen(argv, cwd=cwd, env={**base, "HOME": str(home), **env}, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
     try:
         out, err = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        process.kill()
+        os.killpg(process.pid, signal.SIGKILL)
         out, err = process.communicate()
         pytest.fail(f"{argv[0]} did not finish in {timeout_s} s: {out[-2000:]} {err[-2000:]}")
     print(f"$ {' '.join(argv)}\n{out}\n{err}")

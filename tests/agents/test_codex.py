@@ -17,7 +17,6 @@ def codex(stack: Stack, prompt: str, *config: str) -> str:
     provider = f'{{name="d3", base_url="{stack.url}/v1", wire_api="responses", env_key="D3_KEY"}}'
     argv = [cli("codex"), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
             "-c", "model_provider=d3", "-c", "model=gpt-5.1-codex", "-c", f"model_providers.d3={provider}",
-            "-c", "model_providers.d3.request_max_retries=0", "-c", "model_providers.d3.stream_max_retries=0",
             *(arg for item in config for arg in ("-c", item)), prompt]  # fmt: skip
     home = stack.work.parent / "home"
     done = run(argv, stack.work, {"D3_KEY": "dummy", "CODEX_HOME": str(home)})
