@@ -93,3 +93,18 @@ def _carries_response(data: bytes) -> bool:
     except ValueError:
         return False
     return isinstance(event, dict) and isinstance(event.get("response"), dict)
+
+
+READABLE = frozenset({b"gzip", b"x-gzip", b"deflate", b"identity"})
+
+
+def readable_accept_encoding(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """For a request whose answer the router must read: the client's `Accept-Encoding` less the encodings `Decoder`
+    cannot read (Codex asks for `zstd,gzip`, others for `br`), so that the upstream answers in one it can; [] when
+    the client sent none (the upstream's default, identity, is readable)."""
+    values = [value for name, value in headers if name == b"accept-encoding"]
+    if not values:
+        return []
+    kept = [token.strip() for value in values for token in value.split(b",")
+            if token.split(b";")[0].strip().lower() in READABLE]  # fmt: skip
+    return [(b"accept-encoding", b", ".join(kept) or b"identity")]

@@ -242,3 +242,23 @@ def test_decoding_reads_each_encoding_and_gives_up_on_others() -> None:
     for _ in range(70):
         peek.feed(b"data: " + b"x" * 1024 + b"\n\n")
     assert peek.done
+
+
+async def test_an_answer_the_session_reads_is_asked_for_in_an_encoding_it_can_read(tmp_path: Path) -> None:
+    """Codex asks for `zstd,gzip`: the upstream is asked for gzip alone when the router must read the answer."""
+    with respx.mock(assert_all_called=False) as mock:
+        route = mock.post("http://small.test/v1/responses").mock(side_effect=responder("small"))
+        chat = mock.post("http://small.test/v1/chat/completions").mock(return_value=httpx.Response(200, json={}))
+        proxy = await start(tmp_path)
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=proxy), base_url="http://r") as client:
+                asked = {"accept-encoding": "zstd, br;q=0.9, gzip;q=0.8"}
+                await client.post("/v1/responses", json={"model": "climb", "input": "hi"}, headers=asked)
+                await client.post("/v1/responses", json={"model": "climb", "input": "hi"},
+                                  headers={"accept-encoding": "zstd"})  # fmt: skip
+                body = {"model": "climb", "messages": [{"role": "user", "content": "hi"}]}
+                await client.post("/v1/chat/completions", json=body, headers=asked)
+        finally:
+            await proxy.aclose()
+    assert [call.request.headers["accept-encoding"] for call in route.calls] == ["gzip;q=0.8", "identity"]
+    assert chat.calls.last.request.headers["accept-encoding"] == "zstd, br;q=0.9, gzip;q=0.8"  # not read: as sent
