@@ -570,6 +570,13 @@ class SessionServerSettings(Strict):
         description="Read the body's `user`, `safety_identifier`, `prompt_cache_key` (chat, responses) and "
         "`metadata.user_id` (messages), and follow a Responses `previous_response_id` chain.",
     )
+    agent_ids: bool = Field(
+        True,
+        description="Read coding agents' own conversation ids: Claude Code's `x-claude-code-session-id` header and the "
+        "`session_id` inside `metadata.user_id`, Codex's `session-id` / `thread-id` headers, and `prompt_cache_key`. "
+        "A different opening inside one such session (a sub-agent, a compacted history) starts on the session's route "
+        "and never overwrites the route of the conversation that opened it.",
+    )
     fingerprint: bool = Field(
         True,
         description="With no id at all, the session is the conversation's opening (system prompt and first user turn, "

@@ -50,8 +50,10 @@ class Messages(Api):
             where = f"messages[{index}]"
             need_object(message, where, "an object with `role` and `content`")
             role = message.get("role")
-            if role not in ("user", "assistant"):
-                raise BadRequest(f"{where}.role must be one of assistant, user", f"{where}.role")
+            if role not in ("user", "assistant", "system"):
+                raise BadRequest(f"{where}.role must be one of assistant, system, user", f"{where}.role")
+            # Claude Code (2.1) sends system messages inside `messages` (the agent types it offers, between turns):
+            # read as system turns, and judged as every turn is (issue 26).
             turns.extend(self.blocks(message.get("content"), f"{where}.content", content, role))
         return turns
 

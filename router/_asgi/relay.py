@@ -11,6 +11,7 @@ from typing import cast
 import httpx
 from starlette.types import Send
 
+from router._asgi.decoding import Decoder, FirstResponse, decoded
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,9 @@ async def relay(
     with what `ending()` makes (the client API's error event: the SDKs raise it instead of a cut connection), any
     other body is left incomplete (the server closes the connection: the client sees the cut). The upstream response
     is closed. A body read whole is given to `on_whole` before the client has it (the session of a Responses answer's
-    id: stored before the client can send its next turn, perhaps to another replica)."""
+    id: stored before the client can send its next turn, perhaps to another replica), decoded whatever its
+    `Content-Encoding`; of an event stream, `on_whole` is given the data of the first event carrying the response
+    (`response.created`) as soon as it has come, before that event goes on to the client (issue 26.4)."""
     raw = response.headers.raw
     named = {token.strip().lower() for k, v in raw if k.lower() == b"connection" for token in v.split(b",")}
     headers = [(k, v) for k, v in raw if k.lower() not in HOP_BY_HOP_RAW and k.lower() not in named] + extra
@@ -58,7 +61,9 @@ async def relay(
                     await response.aclose()  # before the answer ends (see above)
                     body = b"".join(chunks)
                     if on_whole is not None:
-                        await on_whole(body)
+                        readable = decoded(body, response.headers.get("content-encoding", ""))
+                        if readable is not None:
+                            await on_whole(readable)
                     await send(start)
                     await send({"type": "http.response.body", "body": body})
                     return True
@@ -68,8 +73,15 @@ async def relay(
         for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         last = chunks[-1] if chunks else b"\n\n"
+        peek = None
+        if events and on_whole is not None:
+            peek, seen = FirstResponse(Decoder(response.headers.get("content-encoding", ""))), on_whole
         try:
             async for last in stream:
+                if peek is not None and not peek.done:
+                    data = peek.feed(last)
+                    if data is not None:
+                        await seen(data)
                 await send({"type": "http.response.body", "body": last, "more_body": True})
         except httpx.HTTPError as exc:
             logger.warning("upstream %r broke off its response mid-way (%s); the client's response ends there",

@@ -39,6 +39,7 @@ from policies import Block, Config, load_config
 from router._apis.body import read_request
 from router._apis.registry import APIS
 from router._asgi.admission import FULL, Admission
+from router._asgi.decoding import Decoder, FirstResponse, decoded
 from router._asgi.headers import encode_headers
 from router._asgi.messages import ClientDisconnected, drain
 from router._asgi.relay import BUFFER_LIMIT
@@ -188,26 +189,39 @@ class D3RouterMiddleware:
 
 
 class _Answer:
-    """The app's answer to a Responses turn of a session, kept when it is a whole JSON success (not a stream, at
-    most `BUFFER_LIMIT` bytes), so that the session learns the response's id (see `SessionTurn.remember`)."""
+    """The app's answer to a Responses turn of a session, so that the session learns the response's id (see
+    `SessionTurn.remember`): a whole JSON success (at most `BUFFER_LIMIT` bytes), or a stream's first event carrying
+    the response (`response.created`, as soon as it has come), decoded whatever its `Content-Encoding`."""
 
     def __init__(self) -> None:
         self._parts: list[bytes] | None = []
         self._size = 0
+        self._encoding = ""
+        self._peek: FirstResponse | None = None
         self.whole = b""
 
     def see(self, message: Message) -> bool:
-        """Keep what `message` adds; True once the answer is whole (then it is in `whole`)."""
+        """Keep what `message` adds; True once there is something to read (then it is in `whole`)."""
         if self._parts is None:
             return False
         if message["type"] == "http.response.start":
-            types = [v for k, v in message.get("headers", []) if k.lower() == b"content-type"]
-            if message["status"] >= 300 or not types or not types[0].startswith(b"application/json"):
+            headers = {k.lower(): v for k, v in message.get("headers", [])}
+            kind = headers.get(b"content-type", b"")
+            self._encoding = headers.get(b"content-encoding", b"").decode("latin-1")
+            if kind.startswith(b"text/event-stream") and message["status"] < 300:
+                self._peek = FirstResponse(Decoder(self._encoding))
+            elif message["status"] >= 300 or not kind.startswith(b"application/json"):
                 self._parts = None
             return False
         if message["type"] != "http.response.body":
             return False
         chunk = message.get("body", b"")
+        if self._peek is not None:
+            data = None if self._peek.done else self._peek.feed(chunk)
+            if data is None:
+                return False
+            self.whole = data
+            return True
         self._size += len(chunk)
         if self._size > BUFFER_LIMIT:
             self._parts = None
@@ -215,7 +229,11 @@ class _Answer:
         self._parts.append(chunk)
         if message.get("more_body", False):
             return False
-        self.whole = b"".join(self._parts)
+        whole = decoded(b"".join(self._parts), self._encoding)
+        self._parts = None
+        if whole is None:
+            return False
+        self.whole = whole
         return True
 
 

@@ -38,6 +38,7 @@ from router._apis.body import read_request
 from router._apis.chat import CHAT, Api
 from router._apis.registry import API_BY_PATH, APIS, detect
 from router._asgi.admission import FULL, Admission
+from router._asgi.decoding import readable_accept_encoding
 from router._asgi.headers import Headers, content_length, encode_headers, header
 from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body, send_bytes, send_json
 from router._asgi.relay import UpstreamBroke, relay
@@ -215,6 +216,8 @@ class ProxyApp(Lifecycle):
         metrics, api, turn = self.service.metrics, request.api, request.turn
         failure: Failure = (502, "no upstream was tried")
         tags = encode_headers(d3.decision.tags.items())
+        if turn is not None and turn.wants_answer:  # an answer the session reads: in an encoding it can read
+            tags += readable_accept_encoding(request.scope["headers"])
         tried = upstreams[0]
         info = logs.current()
         for index, name in enumerate(upstreams):

@@ -6,10 +6,20 @@
     await turn.remember(response_body)                           # Responses: the answer's id joins the session
 
 A request's session key is, the first found: the `x-session-id` header (`server.sessions.session_id_header`), the
-header `server.sessions.header`, the body's `user`, `safety_identifier` or `prompt_cache_key` (chat, responses),
-`metadata.user_id` (messages), a Responses `previous_response_id` (the session of the response it continues, known
-from the answers this router relayed), and, with no id at all, the conversation's opening (its system prompt and
-first user turn, with a hash of the client's credential, so that two users' identical openings are two sessions).
+header `server.sessions.header`, a coding agent's own conversation id (`server.sessions.agent_ids`: Claude Code's
+`x-claude-code-session-id`, Codex's `session-id` / `thread-id`), the body's `user`, `safety_identifier` or
+`prompt_cache_key` (chat, responses), `metadata.user_id` (messages; with `agent_ids`, the `session_id` inside
+Claude Code's), a Responses `previous_response_id` (the session of the response it continues, known from the answers
+this router relayed, streamed ones from their `response.created` event), and, with no id at all, the conversation's
+opening (its system prompt and first user turn, with a hash of the client's credential, so that two users' identical
+openings are two sessions).
+
+Agents open conversations inside their session (issue 26.4): Claude Code's sub-agent (the `Agent` tool) sends the
+parent's session id with an opening of its own, and a compacted history opens anew under the same id. A session
+named by the client (a header) or by an agent's id is therefore kept per opening: the session's record holds its
+route and a hash of the opening that started it; a conversation with another opening starts on the session's route
+(sticky, not decided anew) and keeps any route of its own (an escalation) under its own key, so that it never
+overwrites the route of the conversation that opened the session.
 Every key is scoped by the caller (issue 25.3: the client key's name, or a hash of the credential the request
 carries): two callers sending the same id, or continuing the same response id, never share a session. Keys are hashed
 (BLAKE2, salted) before they are stored or logged; the store holds upstream names only.
@@ -41,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 SESSION_HEADER = b"x-session-id"
 BODY_IDS = ("user", "safety_identifier", "prompt_cache_key")
+# Coding agents' own conversation ids (issue 26.4): Claude Code, then Codex (older releases spell it with `_`).
+AGENT_HEADERS = (b"x-claude-code-session-id", b"session-id", b"session_id", b"thread-id")
+# Sources naming a session that a new opening continues (a sub-agent, a compaction) rather than starts anew.
+NAMED = frozenset({"header", "agent", "previous_response_id"})
 OUTCOMES = ("new", "sticky", "escalated", "off")
 
 
@@ -86,6 +100,7 @@ class SessionTurn:
         self.config = config
         self.key: str | None = None  # hashed, once found
         self.source: str | None = None
+        self.opening: str | None = None  # hashed: which conversation of a named session this is
         self.ttl_s = 0.0
         self.dry = False  # explain: say what would happen, store nothing
         self._turns: list[Turn] | None = None
@@ -107,14 +122,23 @@ class SessionTurn:
             value = self.headers.get(name)
             if value:
                 return self._found("header", sessions.hash("id", value, caller))
+        if settings.agent_ids:
+            for name in AGENT_HEADERS:
+                value = self.headers.get(name)
+                if value:
+                    return self._found("agent", sessions.hash("agent", value, caller))
         if settings.body_ids:
             for field in BODY_IDS:
                 value = self.body.get(field)
                 if isinstance(value, str) and value:
-                    return self._found(field, sessions.hash("id", value, caller))
+                    agent = field == "prompt_cache_key" and settings.agent_ids  # Codex's conversation id
+                    return self._found("agent" if agent else field, sessions.hash("id", value, caller))
             metadata = self.body.get("metadata")
             user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
             if isinstance(user_id, str) and user_id:
+                agent_id = _claude_session(user_id) if settings.agent_ids else None
+                if agent_id is not None:
+                    return self._found("agent", sessions.hash("agent", agent_id, caller))
                 return self._found("metadata.user_id", sessions.hash("id", user_id, caller))
             previous = self.body.get("previous_response_id")
             if isinstance(previous, str) and previous:
@@ -129,6 +153,9 @@ class SessionTurn:
 
     def _found(self, source: str, key: str) -> str:
         self.source, self.key = source, key
+        if source in ("header", "agent"):
+            opening = self._opening()
+            self.opening = None if opening is None else self.sessions.hash("opening", opening, self.caller)
         return key
 
     def turns(self) -> list[Turn]:
@@ -170,11 +197,17 @@ class SessionTurn:
         if settings.mode == "off" or await self.find() is None or self.key is None:
             return self._outcome(d3, "off", action.upstreams)
         self.ttl_s = settings.ttl_s
-        store = self.sessions.store
-        previous = None
+        store, ttl = self.sessions.store, None if self.dry else settings.ttl_s
+        key = _session_key(d3.policy, self.key)
+        previous, root, mark = None, self.opening or "", f"#{self.opening}" if self.opening else ""
         if not self._opening_turn():  # an opening decides anew: nothing to read
-            stored = await store.get(_session_key(d3.policy, self.key), None if self.dry else settings.ttl_s)
-            previous = self._upstreams(stored)
+            previous, root = self._record(await store.get(key, ttl))
+            if root and self.opening and root != self.opening:  # another conversation inside the session
+                key, mark = f"{key}:{self.opening}", ""
+                own = self._record(await store.get(key, ttl))[0]
+                previous = own or previous  # its own route once it has one, else the session's
+            elif root:
+                mark = f"#{root}"
         if previous is None:
             outcome, upstreams = "new", action.upstreams
         elif settings.mode == "escalate" and not self._tool_turn() and self._tier(action) > self._tier(previous):
@@ -182,8 +215,14 @@ class SessionTurn:
         else:
             outcome, upstreams = "sticky", previous
         if outcome != "sticky" and not self.dry:
-            await store.set(_session_key(d3.policy, self.key), ",".join(upstreams), settings.ttl_s)
+            await store.set(key, ",".join(upstreams) + mark, settings.ttl_s)
         return self._outcome(d3, outcome, upstreams)
+
+    def _record(self, stored: str | None) -> tuple[tuple[str, ...] | None, str]:
+        """A stored session: its route (if every upstream in it is still configured) and the hash of the opening
+        that started it (empty when none was kept)."""
+        route, _, root = (stored or "").partition("#")
+        return self._upstreams(route), root
 
     def _outcome(self, d3: D3Decision, outcome: str, upstreams: tuple[str, ...]) -> D3Decision:
         if not self.dry:
@@ -209,7 +248,7 @@ class SessionTurn:
         """A conversation's first turn (no assistant turn yet) starts the session anew, unless the client named the
         session itself (a header) or continues a stored response: identical first questions of strangers, or a
         user's next conversation, are decided on their own."""
-        if self.source in ("header", "previous_response_id"):
+        if self.source in NAMED:
             return False
         return not any(turn.role in ("assistant", "tool") for turn in self.turns())
 
@@ -220,13 +259,16 @@ class SessionTurn:
 
     async def remember(self, answer: bytes) -> None:
         """A Responses answer's `id` joins this session, so that a request continuing it (`previous_response_id`)
-        finds the session. Only a whole JSON answer (not a stream) is read; an unreadable one is left alone."""
+        finds the session: a whole JSON answer, or a stream's event carrying the response (`response.created`,
+        read before the stream ends); decoded already (`relay`). An unreadable one is left alone."""
         if self.key is None or self.dry:
             return
         try:
             data = json.loads(answer)
-        except ValueError:  # not JSON (an encoded body, an error page): nothing to remember
+        except ValueError:  # not JSON (an error page): nothing to remember
             return
+        if isinstance(data, dict) and isinstance(data.get("response"), dict):  # an event: response.created
+            data = data["response"]
         response_id = data.get("id") if isinstance(data, dict) else None
         if isinstance(response_id, str) and response_id:
             key = _response_key(self.sessions.hash("response", response_id, self.caller))
@@ -255,6 +297,20 @@ def session_salt(server: ServerSettings, environ: Mapping[str, str]) -> bytes:
 
 class SaltMissing(RuntimeError):
     """With `server.redis`, the salt's variable is unset: the router refuses to start."""
+
+
+def _claude_session(user_id: str) -> str | None:
+    """The `session_id` inside Claude Code's `metadata.user_id`: a JSON object in current releases, else the
+    `..._session_<uuid>` form of older ones; None for any other user id."""
+    if user_id.startswith("{"):
+        try:
+            data = json.loads(user_id)
+        except ValueError:
+            return None
+        value = data.get("session_id") if isinstance(data, dict) else None
+        return value if isinstance(value, str) and value else None
+    _, found, value = user_id.rpartition("_session_")
+    return value if found and value else None
 
 
 def _session_key(policy: str, key: str) -> str:

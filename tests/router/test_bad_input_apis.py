@@ -167,7 +167,7 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("m-messages-object", M, {"model": "auto", "messages": {"role": "user"}}, 400, "found an object"),
     ("m-messages-empty", M, {"model": "auto", "messages": []}, 400, "`messages` is empty"),
     ("m-message-string", M, {"model": "auto", "messages": ["hi"]}, 400, "messages[0] must be an object with `role`"),
-    ("m-role-system", M, msg("be brief", role="system"), 400, "messages[0].role must be one of assistant, user"),
+    ("m-role-developer", M, msg("be brief", role="developer"), 400, "messages[0].role must be one of assistant, system"),
     ("m-role-missing", M, {"model": "auto", "messages": [{"content": "hi"}]}, 400, "role must be one of"),
     ("m-content-number", M, msg(5), 400, "messages[0].content must be a string or a list of content blocks"),
     ("m-content-null", M, msg(None), 400, "content blocks, found null"),

@@ -65,7 +65,9 @@ def make_app(redis: str | None = None) -> Starlette:
         count[0] += 1
         answer = {"id": f"resp_{count[0]}", **picked(request)}
         if (await request.json()).get("stream"):
-            return StreamingResponse(iter([f"data: {json.dumps(answer)}\n\n"]), media_type="text/event-stream")
+            created = {"type": "response.created", "response": answer}
+            events = [f"event: response.created\ndata: {json.dumps(created)}\n\n", "event: response.completed\n\n"]
+            return StreamingResponse(iter(events), media_type="text/event-stream")
         return JSONResponse(answer)
 
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -132,11 +134,11 @@ async def test_a_responses_chain_follows_the_apps_answer_ids(client: httpx.Async
     assert seen(second) == (200, "large", "sticky")
     streamed = await client.post("/v1/responses", json={"model": "auto", "input": "HARD", "stream": True})
     assert streamed.status_code == 200 and streamed.headers["x-d3-session"] == "new"
-    answer = json.loads(streamed.text.removeprefix("data: "))
-    after = await client.post(  # a streamed answer is not read for its id: the chain starts anew
+    answer = json.loads(streamed.text.split("data: ", 1)[1].split("\n", 1)[0])["response"]
+    after = await client.post(  # a streamed answer's id, read from its response.created event (issue 26.4)
         "/v1/responses", json={"model": "auto", "input": "easy", "previous_response_id": answer["id"]}
     )
-    assert seen(after) == (200, "small", "new")
+    assert seen(after) == (200, "large", "sticky")
 
 
 async def test_two_app_replicas_share_sessions_through_redis(

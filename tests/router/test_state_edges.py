@@ -250,7 +250,7 @@ def test_a_body_is_encoded_on_a_fresh_stack_and_one_too_deep_for_any_stack_is_re
     [
         ({"system": "s"}, "`messages` is missing; expected a list of messages", "messages"),
         ({"messages": []}, "`messages` is empty; expected at least one message", "messages"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role must be one of assistant, user",
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role must be one of assistant, system, user",
          "messages[0].role"),
         ({"messages": [{"role": "user", "content": 3}]},
          "messages[0].content must be a string or a list of content blocks, found a number", "messages[0].content"),
@@ -521,3 +521,10 @@ def test_unknown_parts_are_refused_unless_the_caller_says_otherwise() -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]}
     with pytest.raises(BadRequest):
         CHAT.state(body, LAST, MediaRules())
+
+
+def test_an_anthropic_system_message_between_turns_is_read_as_a_system_turn() -> None:
+    """Claude Code (2.1) sends `{"role": "system"}` messages inside `messages` (issue 26): judged, not refused."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "system", "content": [{"type": "text", "text": "agents"}]}]
+    result = MESSAGES.state({"messages": messages}, StateSettings("json", 6000), MediaRules())
+    assert result.state == [{"role": "user", "content": "hi"}, {"role": "system", "content": "agents"}]
