@@ -47,7 +47,7 @@ async def relay_judged(
     `replace`. A block raises `Blocked` (nothing was sent), a broken or oversized answer `UpstreamBroke` (the next
     upstream, or 502)."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        return await _stream(service, guard, request, d3, response, extra, upstream)
+        return await _stream(service, guard, request, d3, response, extra, upstream, on_whole)
     raw = await _read(response, guard.max_answer_bytes, upstream)
     status, headers, body, outcome = await judged(
         service, guard, request, d3, response.status_code, [*response.headers.raw, *extra], raw
@@ -61,9 +61,10 @@ async def relay_judged(
 
 async def _stream(
     service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, response: httpx.Response,
-    extra: Headers, upstream: str,
+    extra: Headers, upstream: str, on_response: Callable[[bytes], Awaitable[None]] | None,
 ) -> str:  # fmt: skip
-    """A streamed answer judged in windows as it flows (router/_faces/windows.py)."""
+    """A streamed answer judged in windows as it flows (router/_faces/windows.py); `on_response` learns a streamed
+    Responses answer's id from its first event, as `relay` does."""
     kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED]
 
     async def start(tags: Headers) -> None:
@@ -82,7 +83,7 @@ async def _stream(
             guard, request.api.name, model if isinstance(model, str) else "",
             lambda answered: judge(service, guard, d3, answered), response.aiter_bytes(), start, send_body,
             request.api.stream_error, request.debug,
-            ended,
+            ended, on_response,
         )  # fmt: skip
     except httpx.HTTPError as exc:
         raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc

@@ -244,8 +244,12 @@ class ProxyApp(Lifecycle):
                     broke = f"upstream {name!r} broke off its answer"
                     ending = functools.partial(api.stream_error, broke)  # made only if it breaks off
                     guard = request.policy.answer if request.policy is not None else None
-                    if guard is not None and response.is_success:  # judged whole first (router/_faces/guarded.py)
-                        await relay_judged(self.service, guard, request, d3, response, headers, name, remember)
+                    if guard is not None and response.is_success:  # judged first (router/_faces/guarded.py)
+                        try:
+                            await relay_judged(self.service, guard, request, d3, response, headers, name, remember)
+                        except Blocked as exc:  # routed, and its answer withheld: counted as the route it took
+                            metrics.request(d3.policy, d3.decision.rule, "route", exc.status)
+                            raise
                     elif not await relay(response, request.send, headers, name, remember, ending):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502

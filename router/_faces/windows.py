@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -67,6 +68,7 @@ async def stream_judged(
     stream_error: Callable[[str], bytes],
     debug: bool,
     ended: Callable[[str | None, str], None],
+    on_response: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> str:
     """Judge the stream `chunks` window by window, releasing what passes through `send_body` (after `start`, given
         the verdict tags, before the first release); return the outcome (`pass`, `replace`, `block`, `broken`) and the
@@ -129,6 +131,9 @@ async def stream_judged(
                 data = event_data(event)
                 if data is not None:
                     follow(data, seen)
+                    if on_response is not None and isinstance(data.get("response"), dict):
+                        await on_response(json.dumps(data).encode())
+                        on_response = None
                 if not seen.open and (seen.done or len(seen.text) >= guard.window_chars):
                     cut()
                 while queue and (queue[0].verdict.done() or len(queue) > MAX_AHEAD):

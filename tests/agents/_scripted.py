@@ -11,8 +11,9 @@ The model's script, for the Messages API (Claude Code) and the Responses API (Co
 - else, when the latest user text says `DELEGATE <path>`, a call of the sub-agent tool (`Agent` or `Task`) asking
   it to `READ <path>`; when it says `READ <path>`, a call of the file tool (`Read`) or shell tool (`cat <path>`);
   each answer opens with a thinking block (Messages, with a signature) or a reasoning item (Responses).
-The engine flags a jailbreak when the state it judges holds `IGNORE PREVIOUS INSTRUCTIONS`, and "hard" when it holds
-`HARD`.
+When it says `DELETE <path>`, a shell call (`Bash`, or Codex's shell tool) running `rm -f <path>`.
+The engine flags a jailbreak when the state it judges holds `IGNORE PREVIOUS INSTRUCTIONS`, "hard" when it holds
+`HARD`, and "destructive" (an answer guard's question) when the tool calls it judges run `rm -f`.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def _text(content: Any) -> str:
 
 
 def _wanted(text: str) -> tuple[str, str] | None:
-    found = re.findall(r"\b(DELEGATE|READ) (/\S+)", text)
+    found = re.findall(r"\b(DELEGATE|READ|DELETE) (/\S+)", text)
     return (found[-1][0], found[-1][1].rstrip(".,;'\"")) if found else None
 
 
@@ -134,6 +135,9 @@ def _messages(body: dict[str, Any]) -> tuple[int, str, bytes]:
             "subagent_type": "general-purpose",
         }
         blocks.append({"type": "tool_use", "id": f"toolu_{len(messages)}a", "name": name, "input": task})
+    elif wanted and wanted[0] == "DELETE" and "Bash" in tools:  # a destructive call an answer guard must stop
+        blocks.append({"type": "tool_use", "id": f"toolu_{len(messages)}b", "name": "Bash",
+                       "input": {"command": f"rm -f {wanted[1]}", "description": "Delete the file"}})  # fmt: skip
     elif wanted and "Read" in tools:
         blocks.append({"type": "tool_use", "id": f"toolu_{len(messages)}r", "name": "Read",
                        "input": {"file_path": wanted[1]}})  # fmt: skip
@@ -204,8 +208,10 @@ def _responses(body: dict[str, Any]) -> tuple[int, str, bytes]:
         output.append({"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": "read_file",
                        "arguments": json.dumps({"path": wanted[1]}), "status": "completed"})  # fmt: skip
     elif wanted and shell:
-        command: Any = {"shell": {"command": ["cat", wanted[1]]}, "shell_command": {"command": f"cat {wanted[1]}"},
-                        "exec_command": {"cmd": f"cat {wanted[1]}"}}.get(shell, {"command": ["cat", wanted[1]]})  # fmt: skip
+        verb = "rm -f" if wanted[0] == "DELETE" else "cat"  # DELETE: a destructive call an answer guard must stop
+        command: Any = {"shell": {"command": [*verb.split(), wanted[1]]},
+                        "shell_command": {"command": f"{verb} {wanted[1]}"},
+                        "exec_command": {"cmd": f"{verb} {wanted[1]}"}}.get(shell, {"command": [*verb.split(), wanted[1]]})  # fmt: skip
         output.append({"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": shell,
                        "arguments": json.dumps(command), "status": "completed"})  # fmt: skip
     else:
@@ -238,6 +244,8 @@ class _Engine(_Handler):
         for name, question in (body.get("questions") or {}).items():
             if name == "jailbreak":
                 flagged = INJECTION in state
+            elif name == "destructive":  # an answer guard's question about the proposed tool calls
+                flagged = "rm -f" in state
             else:  # HARD in the text; with HARD_ONCE, only the first time: a route the next turns must keep
                 seen = any("HARD" in judged for judged in self.server.judged)  # type: ignore[attr-defined]
                 flagged = "HARD" in state and not (HARD_ONCE[0] and seen)

@@ -41,6 +41,12 @@ policies:
       - {{name: refuse-injection, when: jailbreak > 0.8, block: {{status: 400, message: Refused by policy.}}}}
       - {{name: hard, when: hard > 0.5, route: large}}
       - {{name: default, route: small}}
+    answer:  # the proposed tool calls, judged before the agent can run one (issue 27)
+      read: tool_calls
+      context: false
+      questions: {{destructive: {{type: noul, instructions: Does a tool call delete files?}}}}
+      rules:
+        - {{name: refuse-destructive, when: destructive > 0.8, block: {{status: 400, message: That command was refused.}}}}
 """
 
 

@@ -77,3 +77,14 @@ def test_the_route_holds_through_a_sub_agent(stack: Stack) -> None:
     assert any("SUBTASK" in opening for opening in openings)
     assert len(turns) == 4  # parent: Agent call, answer; sub-agent: Read call, answer
     assert [turn.body["model"] for turn in turns] == ["big-model"] * 4
+
+
+def test_a_destructive_tool_call_is_refused_and_never_run(stack: Stack) -> None:
+    """The model proposes `rm -f` on a file; the answer guard withholds the call before claude has any of it
+    (issue 27): the agent shows the refusal and the file is still there."""
+    victim = stack.work / "precious.txt"
+    victim.write_text("keep me\n")
+    out = claude(stack, f"DELETE {victim} now")
+    assert "That command was refused." in out
+    assert victim.read_text() == "keep me\n"
+    assert any("rm -f" in state for state in stack.engine.server.judged)  # type: ignore[attr-defined]

@@ -75,3 +75,14 @@ def test_the_route_holds_through_a_compaction(stack: Stack, compacting: None) ->
     assert "function_call" not in {item.get("type") for item in seen[2].body["input"]}, "a history opening anew"
     assert len({request.headers["session-id"] for request in seen}) == 1
     assert [request.body["model"] for request in seen] == ["big-model"] * 3
+
+
+def test_a_destructive_tool_call_is_refused_and_never_run(stack: Stack) -> None:
+    """The model proposes `rm -f` on a file; the answer guard withholds the call before codex has any of it
+    (issue 27): the agent shows the refusal and the file is still there."""
+    victim = stack.work / "precious.txt"
+    victim.write_text("keep me\n")
+    out = codex(stack, f"DELETE {victim} now")
+    assert "That command was refused." in out
+    assert victim.read_text() == "keep me\n"
+    assert any("rm -f" in state for state in stack.engine.server.judged)  # type: ignore[attr-defined]
