@@ -9,10 +9,11 @@ a withheld answer, not one argument of a blocked tool call, reaches the client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gzip
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -189,55 +190,111 @@ async def _read(response: httpx.Response, limit: int, upstream: str) -> bytes:
     return b"".join(chunks)
 
 
-def judging(service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, send: Send) -> Send:
-    """The middleware's way: a `send` for the app that holds its answer (up to `answer.max_answer_bytes`), judges it
-    whole, then sends through `send` what the verdict says; a block or an oversized answer is answered in the API's
-    shape instead (`request.fail`). An error answer (3xx and up) goes on as it comes."""
-    start: Message | None = None
-    parts: list[bytes] = []
-    size = 0
-    state = "holding"  # holding -> as-is (an error answer) | done
+class Judging:
+    """The middleware's way: `send` is given to the app; its answer is judged before the client has any of it, then
+    sent through the inner `send` as the verdict says. A whole answer is held (up to `answer.max_answer_bytes`) and
+    judged at once; an event stream (not content-coded) is judged in windows while it flows, as the proxy does; a
+    block or an oversized answer is answered in the API's shape instead. An error answer (3xx and up) goes on as it
+    comes. `aclose()` after the app returned stops what is still judging."""
 
-    async def judging_send(message: Message) -> None:
-        nonlocal start, size, state
-        if state == "as-is":
-            await send(message)
+    def __init__(self, service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, send: Send):
+        self.service, self.guard, self.request, self.d3, self.inner = service, guard, request, d3, send
+        self._start: Message | None = None
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._state = "holding"  # holding | windows | as-is (an error answer) | done
+        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    async def send(self, message: Message) -> None:
+        if self._state == "as-is":
+            await self.inner(message)
             return
-        if state == "done":
+        if self._state == "done":
             return
         if message["type"] == "http.response.start":
+            headers: Headers = list(message.get("headers", []))
             if message["status"] >= 300:
-                state = "as-is"
-                await send(message)
+                self._state = "as-is"
+                await self.inner(message)
+            elif _streamed(headers) and not any(k.lower() == b"content-encoding" for k, _ in headers):
+                self._state = "windows"
+                self._task = asyncio.ensure_future(self._windows(message))
             else:
-                start = message
+                self._start = message
             return
-        if message["type"] != "http.response.body" or start is None:
-            await send(message)
+        if message["type"] != "http.response.body" or self._state not in ("holding", "windows"):
+            await self.inner(message)
             return
         chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > guard.max_answer_bytes:
-            state = "done"
-            limit = guard.max_answer_bytes
-            await request.fail(UpstreamFailed(f"the app answered more than answer.max_answer_bytes ({limit}) for the "
-                                              "answer guard to judge", status=502))  # fmt: skip
+        self._size += len(chunk)
+        if self._state == "windows" and self._task is not None:
+            if not self._task.done():
+                self._queue.put_nowait(chunk)  # the windows' own bound (max_answer_bytes a held event) applies
+                if not message.get("more_body", False):
+                    self._queue.put_nowait(None)
+                    self._state = "done"
+                    await self._task
             return
-        parts.append(chunk)
+        if self._size > self.guard.max_answer_bytes:
+            self._state = "done"
+            limit = self.guard.max_answer_bytes
+            await self.request.fail(UpstreamFailed(f"the app answered more than answer.max_answer_bytes ({limit}) "
+                                                   "for the answer guard to judge", status=502))  # fmt: skip
+            return
+        self._parts.append(chunk)
         if message.get("more_body", False):
             return
-        state = "done"
-        headers: Headers = list(start.get("headers", []))
+        self._state = "done"
+        start = self._start or {"status": 200, "headers": []}
+        headers = list(start.get("headers", []))
         try:
-            raw = decoded(b"".join(parts), headers)
-            status, kept, body, _ = await judged(service, guard, request, d3, start["status"], headers, raw)
+            raw = decoded(b"".join(self._parts), headers)
+            status, kept, body, _ = await judged(self.service, self.guard, self.request, self.d3, start["status"],
+                                                 headers, raw)  # fmt: skip
         except RequestError as exc:
+            await self.request.fail(exc, encode_headers(self.d3.headers(full=self.request.debug)))
+            return
+        await self.inner({"type": "http.response.start", "status": status, "headers": kept})
+        await self.inner({"type": "http.response.body", "body": body})
+
+    async def _windows(self, start: Message) -> None:
+        kept = [(k, v) for k, v in start.get("headers", []) if k.lower() not in _DROPPED]
+        request, d3, service, guard = self.request, self.d3, self.service, self.guard
+
+        async def chunks() -> AsyncIterator[bytes]:
+            while (chunk := await self._queue.get()) is not None:
+                yield chunk
+
+        async def begin(tags: Headers) -> None:
+            await self.inner({"type": "http.response.start", "status": start["status"], "headers": [*kept, *tags]})
+
+        async def send_body(body: bytes) -> None:
+            await self.inner({"type": "http.response.body", "body": body, "more_body": True})
+
+        def ended(rule: str | None, outcome: str) -> None:
+            service.metrics.answer_verdicts[(d3.policy, rule or "-", outcome)] += 1
+
+        model = request.body.get("model")
+        try:
+            await stream_judged(
+                guard, request.api.name, model if isinstance(model, str) else "",
+                lambda answered: judge(service, guard, d3, answered), chunks(), begin, send_body,
+                request.api.stream_error, request.debug, ended,
+            )  # fmt: skip
+        except Blocked as exc:
             await request.fail(exc, encode_headers(d3.headers(full=request.debug)))
             return
-        await send({"type": "http.response.start", "status": status, "headers": kept})
-        await send({"type": "http.response.body", "body": body})
+        except EventTooLarge as exc:
+            await request.fail(UpstreamFailed(str(exc), status=502))
+            return
+        await self.inner({"type": "http.response.body", "body": b""})
 
-    return judging_send
+    async def aclose(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
 
 def decoded(raw: bytes, headers: Headers) -> bytes:

@@ -46,7 +46,7 @@ from router._asgi.relay import BUFFER_LIMIT
 from router._decision.engines import start_engine
 from router._errors import Blocked, Overloaded, RequestError, Unauthorized
 from router._faces.auth import Access, Caller
-from router._faces.guarded import judging
+from router._faces.guarded import Judging
 from router._faces.lifecycle import open_decision_log
 from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
@@ -106,7 +106,11 @@ class D3RouterMiddleware:
                 return  # gone while sending its body: nothing to decide, no one to answer
             # Only the router tags its decisions: a client's own x-d3-* headers never reach the app.
             headers = [(k, v) for k, v in scope["headers"] if not k.startswith(b"x-d3-")]
-            await self.app({**scope, "headers": headers}, _replay(request.raw, receive), app_send)
+            try:
+                await self.app({**scope, "headers": headers}, _replay(request.raw, receive), app_send)
+            finally:
+                if request.judging is not None:
+                    await request.judging.aclose()
 
     async def _decide(self, request: Decided) -> Send:
         """Decide `request`: the `send` the app answers through, the decision at `request.state.d3` (undecided:
@@ -142,8 +146,9 @@ class D3RouterMiddleware:
                 await turn.remember(answer.whole)
             await send(message)
 
-        if policy.answer is not None:  # the app's answer judged whole before the client has any of it
-            return judging(self.service, policy.answer, request, d3, send_with_headers)
+        if policy.answer is not None:  # the app's answer judged before the client has any of it
+            request.judging = Judging(self.service, policy.answer, request, d3, send_with_headers)
+            return request.judging.send
         return send_with_headers
 
     def _caller(self, scope: Scope) -> Caller:

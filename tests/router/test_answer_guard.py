@@ -518,3 +518,20 @@ async def test_verdicts_and_judgements_are_counted(engine: FakeEngine, stream: b
     rule, result = outcome
     assert f'd3router_answer_verdicts_total{{outcome="{result}",policy="guarded",rule="{rule}"}} 1.0' in shown
     assert 'd3router_answer_judgements_total{policy="guarded"} 1.0' in shown
+
+
+async def test_the_middleware_judges_an_apps_stream_in_windows(engine: FakeEngine) -> None:
+    body, kind = chat_stream(*(f"line {i} of a long answer. " for i in range(20)), f"and then {MARKER}", "after")
+    response = await through_middleware(engine, app_answering(body, kind), "chat", True, extra=WINDOWED)
+    assert response.status_code == 200 and b"line 0 of" in response.content  # released window by window
+    assert MARKER.encode() not in response.content and b"after" not in response.content
+    last = response.content.rstrip().rsplit(b"\n\n", 1)[-1]
+    assert json.loads(last.removeprefix(b"data: "))["error"]["message"] == "The answer was withheld."
+    assert len(engine.calls) > 3
+
+
+async def test_the_middleware_passes_a_long_clean_stream_whole_in_windows(engine: FakeEngine) -> None:
+    body, kind = chat_stream(*(f"line {i} of a long and harmless answer. " for i in range(30)))
+    response = await through_middleware(engine, app_answering(body, kind), "chat", True, extra=WINDOWED)
+    assert response.status_code == 200 and response.content == body
+    assert len(engine.calls) > 10
