@@ -82,6 +82,7 @@ async def stream_judged(
     started = False
     tags: dict[str, str] = {}
     stopped: str | None = None
+    holding = 0  # bytes held in the window being filled
 
     async def release(window: _Window) -> str | None:
         """Send a judged window; the outcome if it ends the stream."""
@@ -114,7 +115,8 @@ async def stream_judged(
         return None
 
     def cut(final: bool = False) -> None:
-        nonlocal tail, held
+        nonlocal tail, held, holding
+        holding = 0
         if final:
             seen.close_all()
         window_text = tail + seen.text
@@ -128,6 +130,9 @@ async def stream_judged(
         try:
             async for event in split_events(chunks, guard.max_answer_bytes):
                 held.append(event)
+                holding += len(event)
+                if holding > guard.max_answer_bytes:  # a tool call that never completes is not held for ever
+                    raise EventTooLarge(f"more than answer.max_answer_bytes ({guard.max_answer_bytes}) held unjudged")
                 data = event_data(event)
                 if data is not None:
                     follow(data, seen)

@@ -535,3 +535,11 @@ async def test_the_middleware_passes_a_long_clean_stream_whole_in_windows(engine
     response = await through_middleware(engine, app_answering(body, kind), "chat", True, extra=WINDOWED)
     assert response.status_code == 200 and response.content == body
     assert len(engine.calls) > 10
+
+
+async def test_a_tool_call_that_never_ends_is_not_held_past_the_bound(engine: FakeEngine) -> None:
+    pieces = tuple('{"command": "' + "x" * 200 for _ in range(20))
+    upstream = chat_stream(calls=pieces)
+    upstream = (upstream[0].replace(b'"finish_reason": "stop"', b'"finish_reason": null'), upstream[1])
+    response = await post(engine, "chat", True, upstream, extra=WINDOWED + "\n      max_answer_bytes: 2000")
+    assert response.status_code == 502 and b"xxxx" not in response.content
