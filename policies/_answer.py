@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from d3backend import Answer, Question
+from d3backend import Answer, Question, answer_from
 from policies._errors import EvaluationError, Path
 from policies._expr import compile_condition
 from policies._lexer import ExpressionError
 from policies._policy import Block, Rule, Step
-from policies._schema import AnswerSpec
+from policies._schema import AnswerExpectSpec, AnswerSpec
 
 ON_ENGINE_ERROR = "on_engine_error"
 
@@ -67,6 +67,7 @@ class AnswerGuard:
     window_chars: int = 1024
     overlap_chars: int = 256
     on_engine_error: Literal["block", "pass"] = "block"
+    tests: tuple[AnswerTest, ...] = ()
 
     def evaluate(self, answers: Mapping[str, Answer]) -> AnswerVerdict:
         """Walk the rules over the engine's answers about the upstream's answer."""
@@ -98,12 +99,57 @@ class AnswerGuard:
         return AnswerVerdict(ON_ENGINE_ERROR, block, {}, step, degraded=True)
 
 
+@dataclass(frozen=True, slots=True)
+class AnswerTest:
+    """An answer guard's test case (`answer.tests`), run by `d3router test` beside the policy's own."""
+
+    policy: str
+    index: int
+    name: str | None
+    line: int | None
+    answers: Mapping[str, Answer]
+    engine_error: bool
+    expect: AnswerExpectSpec
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy} answer #{self.index + 1}" + (f" {self.name!r}" if self.name else "")
+
+    def check(self, guard: AnswerGuard) -> list[str]:
+        """What is wrong with the guard's verdict on the case's answers (nothing: it passes)."""
+        try:
+            verdict = guard.engine_failed() if self.engine_error else guard.evaluate(self.answers)
+        except EvaluationError as exc:
+            return [f"{exc}; give it in `answers`"]
+        expect, action = self.expect, verdict.action
+        outcome = "pass" if action is None else action.kind
+        problems = []
+        if expect.rule is not None and (verdict.rule or "-") != expect.rule:
+            problems.append(f"expected answer rule {expect.rule!r}, got {verdict.rule or '-'!r}")
+        if expect.outcome is not None and outcome != expect.outcome:
+            problems.append(f"expected {expect.outcome}, got {outcome}")
+        if expect.status is not None and (not isinstance(action, Block) or action.status != expect.status):
+            problems.append(
+                f"expected block status {expect.status}, got {action.status if isinstance(action, Block) else outcome}"
+            )
+        for key, value in (expect.tags or {}).items():
+            if verdict.tags.get(key) != value:
+                problems.append(f"expected tag {key!r}={value!r}, got {verdict.tags.get(key)!r}")
+        if expect.degraded is not None and verdict.degraded != expect.degraded:
+            problems.append(f"expected degraded={str(expect.degraded).lower()}, got {str(verdict.degraded).lower()}")
+        if problems:
+            problems.append("trace: " + ", ".join(f"{s.rule}{'' if s.matched else ' (missed)'}" for s in verdict.trace))
+        return problems
+
+
 class Reporter(Protocol):
     def issue(self, path: Path, message: str, *, warning: bool = False) -> None: ...
 
+    def line(self, path: Path) -> int | None: ...
+
 
 def compile_answer(
-    spec: AnswerSpec, report: Reporter, question: Callable[[Any, Path], Question], path: Path
+    spec: AnswerSpec, report: Reporter, question: Callable[[Any, Path], Question], path: Path, policy: str = ""
 ) -> AnswerGuard | None:
     """The guard `spec` describes, or None with its problems reported (as a policy's: names, conditions)."""
     declared: dict[str, Question] = {}
@@ -145,6 +191,28 @@ def compile_answer(
     for qid in declared:
         if qid not in read:
             report.issue((*path, "questions", qid), f"answer question {qid!r} is not used by any rule", warning=True)
+    tests = []
+    known = {rule.name for rule in spec.rules} | {"-", ON_ENGINE_ERROR}
+    for index, case in enumerate(spec.tests):
+        case_path: Path = (*path, "tests", index)
+        answers = {}
+        for qid, value in case.answers.items():
+            if qid not in declared:
+                ids = ", ".join(map(repr, declared)) or "none"
+                report.issue((*case_path, "answers", qid), f"unknown answer question {qid!r}; expected one of {ids}")
+                ok = False
+                continue
+            try:
+                answers[qid] = answer_from(declared[qid], value)
+            except ValueError as exc:
+                report.issue((*case_path, "answers", qid), str(exc))
+                ok = False
+        if case.expect.rule is not None and case.expect.rule not in known:
+            report.issue((*case_path, "expect", "rule"), f"unknown answer rule {case.expect.rule!r}; expected one of "
+                         f"{', '.join(map(repr, sorted(known)))}")  # fmt: skip
+            ok = False
+        tests.append(AnswerTest(policy, index, case.name, report.line(case_path), answers, case.engine_error,
+                                case.expect))  # fmt: skip
     if not ok:
         return None
     return AnswerGuard(
@@ -157,4 +225,5 @@ def compile_answer(
         spec.window_chars,
         spec.overlap_chars,
         spec.on_engine_error,
+        tuple(tests),
     )

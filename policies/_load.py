@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from d3backend import Choice, Noul, Question, Score, answer_from
-from policies._answer import compile_answer
+from policies._answer import AnswerTest, compile_answer
 from policies._errors import ConfigError, Issue, Path
 from policies._expr import compile_condition
 from policies._facts import fact_type_error
@@ -52,7 +52,7 @@ class Config:
     engine: EngineSettings
     upstreams: Mapping[str, UpstreamSettings]
     policies: Mapping[str, Policy]
-    tests: tuple[PolicyTest, ...]
+    tests: tuple[PolicyTest | AnswerTest, ...]  # the policies' cases, and their answer guards'
     warnings: tuple[Issue, ...]
 
 
@@ -102,13 +102,16 @@ class _Compiler:
         self.issues: list[Issue] = []
         self.warnings: list[Issue] = []
 
+    def line(self, path: Path) -> int | None:
+        return locate(path, self.marks)[0]
+
     def issue(self, path: Path, message: str, *, warning: bool = False) -> None:
         line, column = locate(path, self.marks)
         (self.warnings if warning else self.issues).append(Issue(self.file, line, column, path, message))
 
     def compile(self) -> Config:
         policies: dict[str, Policy] = {}
-        tests: list[PolicyTest] = []
+        tests: list[PolicyTest | AnswerTest] = []
         for name, policy_spec in self.spec.policies.items():
             path: Path = ("policies", name)
             declared = {qid: self.question(q, (*path, "questions", qid)) for qid, q in policy_spec.questions.items()}
@@ -116,6 +119,7 @@ class _Compiler:
             if policy is not None:
                 policies[name] = policy
                 tests.extend(self.tests(policy, policy_spec, declared, path))
+                tests.extend(policy.answer.tests if policy.answer is not None else ())
         for name, spec in self.spec.policies.items():
             if spec.shadow is not None and (spec.shadow == name or spec.shadow not in self.spec.policies):
                 others = ", ".join(repr(other) for other in self.spec.policies if other != name) or "none"
@@ -211,7 +215,9 @@ class _Compiler:
                 " add e.g. `- {name: default, route: <upstream>}`",
             )
         fallback = self.on_engine_error(spec.on_engine_error, spec.rules[-1], spec.apis, (*path, ON_ENGINE_ERROR))
-        guard = None if spec.answer is None else compile_answer(spec.answer, self, self.question, (*path, "answer"))
+        guard = (
+            None if spec.answer is None else compile_answer(spec.answer, self, self.question, (*path, "answer"), name)
+        )
         if len(self.issues) > before or fallback is None:
             return None
         unused = tuple(qid for qid in declared if qid not in referenced)

@@ -452,6 +452,25 @@ class AnswerRuleSpec(Strict):
         return self
 
 
+class AnswerExpectSpec(Strict):
+    """What an answer guard's test case checks; only the keys given are checked."""
+
+    rule: str | None = Field(None, description="The answer rule that stops the answer (`-` for none).")
+    outcome: Literal["pass", "block", "replace"] | None = Field(None, description="What the client gets.")
+    status: int | None = Field(None, description="A block's status.")
+    tags: Tags | None = Field(None, description="Tags the verdict adds (the ones given).")
+    degraded: bool | None = Field(None, description="Whether on_engine_error decided.")
+
+
+class AnswerTestSpec(Strict):
+    """An answer guard's test case, run by `d3router test`: the engine's answers about an answer in, a verdict out."""
+
+    name: str | None = Field(None, description="Shown beside the case's number in `d3router test`'s output.")
+    answers: dict[str, Any] = Field(default_factory=dict, description="Per answer question, as a policy test's.")
+    engine_error: bool = Field(False, description="Test what happens when the engine cannot judge.")
+    expect: AnswerExpectSpec = Field(description="What the verdict must be.")
+
+
 class AnswerSpec(Strict):
     """Questions and rules about the upstream's answer, judged before any of it reaches the client."""
 
@@ -480,6 +499,7 @@ class AnswerSpec(Strict):
         default_factory=dict, max_length=MAX_QUESTIONS, description="Keyed by id, as a policy's questions."
     )
     rules: list[AnswerRuleSpec] = Field(min_length=1, description="In order; an answer no rule stops passes.")
+    tests: list[AnswerTestSpec] = Field(default_factory=list, description="Cases `d3router test` runs.")
 
 
 class PolicySpec(Strict):

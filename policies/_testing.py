@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from d3backend import Answer
+from policies._answer import AnswerTest
 from policies._errors import EvaluationError
 from policies._facts import Facts
 from policies._policy import Block, Decision, Policy, Route
@@ -51,14 +52,17 @@ class PolicyTest:
 
 @dataclass(frozen=True, slots=True)
 class TestResult:
-    test: PolicyTest
+    test: PolicyTest | AnswerTest
     passed: bool
     message: str
     decision: Decision | None
 
 
-def run_test(policy: Policy, test: PolicyTest) -> TestResult:
-    """Evaluate one case and compare the decision with what it expects."""
+def run_test(policy: Policy, test: PolicyTest | AnswerTest) -> TestResult:
+    """Evaluate one case and compare the decision (or an answer guard's verdict) with what it expects."""
+    if isinstance(test, AnswerTest):
+        problems = test.check(policy.answer) if policy.answer is not None else ["the policy has no answer guard"]
+        return TestResult(test, not problems, "; ".join(problems), None)
     try:
         decision = policy.engine_failed() if test.engine_error else policy.evaluate(test.answers, test.facts)
     except EvaluationError as exc:

@@ -543,3 +543,33 @@ async def test_a_tool_call_that_never_ends_is_not_held_past_the_bound(engine: Fa
     upstream = (upstream[0].replace(b'"finish_reason": "stop"', b'"finish_reason": null'), upstream[1])
     response = await post(engine, "chat", True, upstream, extra=WINDOWED + "\n      max_answer_bytes: 2000")
     assert response.status_code == 502 and b"xxxx" not in response.content
+
+
+ANSWER_TESTS = """
+      tests:
+        - {{answers: {{destructive: 0.95}}, expect: {{rule: no-destruction, outcome: block, status: 403}}}}
+        - {{answers: {{destructive: 0.1, leak: 0.9}}, expect: {{rule: no-leak, outcome: {outcome}}}}}
+        - {{engine_error: true, expect: {{outcome: block, status: 503, degraded: true}}}}
+"""
+
+
+@pytest.mark.parametrize(("outcome", "code", "line"), [
+    ("block", 0, "PASS {file}:{n} guarded answer #2"),
+    ("pass", 1, "FAIL {file}:{n} guarded answer #2: expected pass, got block; trace: no-destruction (missed), no-leak"),
+])  # fmt: skip
+def test_d3router_test_runs_the_answer_guards_cases(tmp_path: Path, capsys: pytest.CaptureFixture[str], outcome: str,
+                                                    code: int, line: str) -> None:  # fmt: skip
+    path = tmp_path / "router.yaml"
+    text = CONFIG.format(leak=BLOCK, extra="") + ANSWER_TESTS.format(outcome=outcome)
+    path.write_text(text, encoding="utf-8")
+    assert main(["test", str(path)]) == code
+    out = capsys.readouterr().out.splitlines()
+    number = text.splitlines().index(next(t for t in text.splitlines() if "leak: 0.9" in t)) + 1
+    assert line.format(file=path, n=number) in out
+    assert out[-1] == f"policy tests: {3 - code} passed, {code} failed"
+
+
+def test_an_answer_case_naming_an_unknown_question_is_a_load_error() -> None:
+    text = CONFIG.format(leak=BLOCK, extra="") + ANSWER_TESTS.format(outcome="block").replace("leak: 0.9", "lek: 0.9")
+    with pytest.raises(ConfigError, match=r"answer\.tests\[1\]\.answers\.lek: unknown answer question 'lek'"):
+        parse_config(text, "c.yaml")
