@@ -55,6 +55,11 @@ class Config:
     tests: tuple[PolicyTest | AnswerTest, ...]  # the policies' cases, and their answer guards'
     warnings: tuple[Issue, ...]
 
+    @property
+    def asks(self) -> bool:
+        """Whether any policy asks the engine anything: its rules' questions, or its answer guard's."""
+        return any(p.questions or (p.answer is not None and p.answer.questions) for p in self.policies.values())
+
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate the configuration file at `path`."""

@@ -236,7 +236,7 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_INVALID
 
     async def run() -> dict[str, object]:
-        needs = any(policy.questions for policy in config.policies.values())
+        needs = config.asks
         engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=os.environ) if needs else None
         try:
             await start_engine(engine)

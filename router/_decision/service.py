@@ -98,7 +98,7 @@ class RouterService:
 
     def check(self, config: Config) -> None:
         """`RuntimeError` if `config` cannot be swapped in: it needs an engine we lack."""
-        if self.engine is None and any(policy.questions for policy in config.policies.values()):
+        if self.engine is None and config.asks:
             raise RuntimeError("the new configuration asks questions, but no engine is running; restart the router")
 
     def swap(self, config: Config) -> None:

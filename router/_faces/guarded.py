@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gzip
+import logging
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -29,6 +30,8 @@ from router._decision.service import RouterService
 from router._errors import Blocked, RequestError, UpstreamFailed
 from router._faces.request import Decided
 from router._faces.windows import EventTooLarge, stream_judged
+
+logger = logging.getLogger(__name__)
 
 # Re-encoded bodies lose the upstream's framing and coding: the ASGI server frames what we send.
 _DROPPED = HOP_BY_HOP_RAW | {b"content-length", b"content-encoding"}
@@ -167,8 +170,12 @@ async def _ask(service: RouterService, guard: AnswerGuard, d3: D3Decision, text:
     service.metrics.answer_judgements[d3.policy] += 1
     try:
         decided = await service.ask(state, guard.questions)
-    except (EngineError, TimeoutError):
-        return guard.engine_failed()
+    except (EngineError, TimeoutError) as exc:
+        verdict = guard.engine_failed()
+        outcome = "withheld" if verdict.action is not None else "passed unjudged"
+        logger.warning("policy %r: the engine could not judge an answer (%s); it is %s (answer.on_engine_error)",
+                       d3.policy, str(exc) or type(exc).__name__, outcome)  # fmt: skip
+        return verdict
     return guard.evaluate(decided.answers)
 
 

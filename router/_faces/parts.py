@@ -22,7 +22,7 @@ def build_parts(config: Config, engine: DecisionEngine | None, environ: Environ)
     (issue 12); else both stay in-process. The salt of the hashed keys is the same for both."""
     metrics = Metrics()
     store, salt = build_store(config.server, metrics), session_salt(config.server, environ)
-    if engine is None and any(policy.questions for policy in config.policies.values()):
+    if engine is None and config.asks:
         engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=environ,
                               shared=shared_answers(store, metrics, salt))  # fmt: skip
     return RouterService(config, engine, metrics=metrics), Sessions(store, config.server.sessions, salt, metrics)
