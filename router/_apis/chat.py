@@ -41,6 +41,9 @@ class Api:
     # Its answers carry an id a later request may continue from (Responses' `previous_response_id`): a session
     # remembers them.
     chains_answers: ClassVar[bool] = False
+    # Where its answer names the model (router/_asgi/answer.py): the keys leading to it, in a JSON answer and in a
+    # stream event's data; chat's chunks name it at the top, as its answers do.
+    answer_model: ClassVar[tuple[tuple[str, ...], ...]] = (("model",),)
 
     def state(self, body: Mapping[str, Any], settings: StateSettings, media: MediaRules, *, lenient: bool = False
               ) -> DecisionState:  # fmt: skip

@@ -29,6 +29,7 @@ class Messages(Api):
     path = "/v1/messages"
     upstream_path = "/messages"
     key_header = b"x-api-key"
+    answer_model = (("model",), ("message", "model"))  # the answer; the stream's `message_start`
 
     def turns(self, body: Mapping[str, Any], content: Content) -> list[Turn]:
         turns = []

@@ -19,6 +19,7 @@ class Responses(Api):
     path = "/v1/responses"
     upstream_path = "/responses"
     chains_answers = True
+    answer_model = (("model",), ("response", "model"))  # the answer; `response.created`, `.in_progress`, `.completed`
 
     def stream_error(self, message: str) -> bytes:
         """The Responses stream's `error` event (its `sequence_number` is not known here: the SDKs do not check it)."""

@@ -38,6 +38,7 @@ from router._apis.body import read_request
 from router._apis.chat import CHAT, Api
 from router._apis.registry import API_BY_PATH, APIS, detect
 from router._asgi.admission import FULL, Admission
+from router._asgi.answer import renaming
 from router._asgi.headers import Headers, content_length, encode_headers, header
 from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body, send_bytes, send_json
 from router._asgi.relay import UpstreamBroke, relay
@@ -239,7 +240,9 @@ class ProxyApp(Lifecycle):
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
                     broke = f"upstream {name!r} broke off its answer"
                     ending = functools.partial(api.stream_error, broke)  # made only if it breaks off
-                    if not await relay(response, request.send, headers, name, remember, ending):
+                    rename = renaming(api.answer_model, request.body.get("model"), upstream.model,
+                                      request.config.server.answer_model)  # fmt: skip
+                    if not await relay(response, request.send, headers, name, remember, ending, rename):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
