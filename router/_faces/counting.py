@@ -17,7 +17,7 @@ import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.types import Receive, Scope, Send
 
@@ -31,13 +31,12 @@ from router._apis.state import DecisionState
 from router._asgi.messages import cancel_on_disconnect, send_json
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.record import D3Decision
+from router._decision.service import RouterService
 from router._errors import BadRequest, ModelNotFound, RequestError, UpstreamFailed
 from router._faces.auth import Caller
-from router._faces.forward import Failure
+from router._faces.forward import Failure, Forwarder
 from router._faces.request import Decided, available
-
-if TYPE_CHECKING:
-    from router._faces.proxy import ProxyApp
+from router._sessions.session import Sessions
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +45,14 @@ ESTIMATE = [(b"x-d3-estimate", b"true")]
 CHARS_PER_TOKEN = 4
 
 Handler = Callable[[Scope, Receive, Send, Caller], Awaitable[None]]
+
+
+class ProxyApp(Protocol):
+    """What counting needs of the proxy (router/_faces/proxy.py): its configuration, sessions and upstreams."""
+
+    service: RouterService
+    sessions: Sessions
+    forwarder: Forwarder
 
 
 def count_routes(app: ProxyApp) -> dict[tuple[str, str], Handler]:
