@@ -70,6 +70,10 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
                  "stream, messages cache hit"):  # fmt: skip
         ratios = [row["rps vs chat"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
         assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # c=1 and 8, each set against chat
+    for name in ("model rewritten, responses cache hit", "model rewritten, messages cache hit",
+                 "stream, model rewritten, responses cache hit", "stream, model rewritten, messages cache hit"):  # fmt: skip
+        ratios = [row["rps vs not rewritten"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
+        assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # each set against its row unrewritten
     extra = json.loads((tmp_path / "router-extra.json").read_text())
     streaming = extra["streaming"]
     assert {name: streaming[name]["errors"] for name in ("direct", "d3router", "pass-through")} == {
@@ -90,7 +94,8 @@ def test_router_benchmark_only_picks_an_api_with_chat_to_compare(tmp_path: Path)
     payload = run("benchmarks.router", tmp_path, "--no-engine", "--only", "messages")
     targets = {row["target"] for row in payload["rows"]}  # type: ignore[union-attr,index]
     assert targets == {"direct", "d3router cache hit", "messages cache hit", "stream, direct",
-                       "stream, d3router cache hit", "stream, messages cache hit"}  # fmt: skip
+                       "stream, d3router cache hit", "stream, messages cache hit", "model rewritten, messages cache hit",
+                       "stream, model rewritten, messages cache hit"}  # fmt: skip
 
 
 def test_soak_small(tmp_path: Path) -> None:
