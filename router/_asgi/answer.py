@@ -68,7 +68,6 @@ class Rename:
         self.paths = paths
         self.model = json.dumps(model).encode()
         self._tail = b""
-        self.done = False  # nothing more to rename: the stream's model-carrying events are over (no tail held)
 
     def body(self, data: bytes) -> bytes:
         """A whole JSON answer with its model renamed (unchanged if it names none where expected)."""

@@ -244,3 +244,32 @@ async def test_a_stream_that_ends_inside_an_event_ends_with_it() -> None:
         assert response.content == renamed(upstream, 1)
     finally:
         await app.aclose()
+
+
+async def test_a_stream_broken_off_mid_event_ends_with_the_held_part_and_the_apis_error() -> None:
+    first, cut = STREAMS["messages"][0], STREAMS["messages"][1][:20]
+
+    async def breaking() -> AsyncIterator[bytes]:
+        yield first + cut
+        raise httpx.ReadError("gone")
+
+    app = await proxy()
+    try:
+        with respx.mock:
+            respx.post("http://up.test/v1/messages").mock(
+                return_value=httpx.Response(200, content=breaking(), headers={"content-type": "text/event-stream"})
+            )
+            response = await call(app, "messages", body("messages", stream=True))
+        renamed_first, rest = renamed(first, 1), response.content[len(renamed(first, 1)) :]
+        assert response.content.startswith(renamed_first)
+        assert rest.startswith(cut + b"\n\nevent: error\ndata: ")
+    finally:
+        await app.aclose()
+
+
+def test_only_the_data_lines_json_is_renamed() -> None:
+    rename = Rename(API_BY_NAME["chat"].answer_model, "auto")
+    comment = b': a comment data: {"model":"up-model"}\n'
+    event = comment + b'data: {"type":"ping"}\nid: {"model":"up-model"}\n\n'
+    assert rename.feed(event) == event  # a comment's or another field's JSON is not the answer
+    assert rename.feed(b'data: {"model":"up-model"}\n\n') == b'data: {"model":"auto"}\n\n'
