@@ -273,3 +273,12 @@ def test_only_the_data_lines_json_is_renamed() -> None:
     event = comment + b'data: {"type":"ping"}\nid: {"model":"up-model"}\n\n'
     assert rename.feed(event) == event  # a comment's or another field's JSON is not the answer
     assert rename.feed(b'data: {"model":"up-model"}\n\n') == b'data: {"model":"auto"}\n\n'
+
+
+def test_an_event_unlike_the_last_is_scanned_anew() -> None:
+    rename = Rename(API_BY_NAME["chat"].answer_model, "auto")
+    assert rename.feed(b'data: {"a":"x","model":"up-model"}\n\n') == b'data: {"a":"x","model":"auto"}\n\n'
+    # The last event's prefix is 17 bytes long; here a string starts at byte 17 too, which is not the model.
+    later = b'data: {"a":"x","b":"q","model":"up-model"}\n\n'
+    assert rename.feed(later) == later.replace(b'"up-model"', b'"auto"')
+    assert rename.feed(later) == later.replace(b'"up-model"', b'"auto"')  # and now like the last: no scan
