@@ -15,14 +15,21 @@ from benchmarks._answers import request
 
 CHAT_ROW = "d3router cache hit"  # the chat row the other APIs' rows are set against
 API_ROWS = {"responses cache hit": "responses", "messages cache hit": "messages"}
+# The same rows with the upstream's `model:` set (issue 26.1): the request's model rewritten to it, the answer's back.
+REWRITTEN = "model rewritten, "
+REWRITE = ["--upstream-model", "bench"]  # the canned upstream's answers name "bench"
 
 
 def picked(only: list[str], name: str) -> bool:
     """Whether `--only` measures the target `name`: any of its substrings is in the name (no `--only`: all); chat's
-    cache-hit row comes with any other API's, which is measured against it."""
+    cache-hit row comes with any other API's, which is measured against it, and an API's row with its "model
+    rewritten" row, likewise."""
     if not only or any(part in name for part in only):
         return True
-    return name.endswith(CHAT_ROW) and any(picked(only, name.replace(CHAT_ROW, row)) for row in API_ROWS)
+    if name.endswith(CHAT_ROW):
+        return any(picked(only, name.replace(CHAT_ROW, row)) for row in API_ROWS)
+    row = next((row for row in API_ROWS if name.endswith(row)), None)
+    return row is not None and REWRITTEN not in name and picked(only, name.replace(row, REWRITTEN + row))
 
 
 def api_of(name: str) -> str:
@@ -58,6 +65,28 @@ def vs_chat(rows: list[dict[str, Any]]) -> dict[str, str]:
             (row["concurrency"], row["rps vs chat"], row["p50 vs chat"], row.get("CPU vs chat", float("nan")))
         )
     return {name: _line(name, ratios) for name, ratios in found.items()}
+
+
+def vs_plain(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Fill each "model rewritten" row with its requests/s over the same row without the rewrite, at the same
+    concurrency; return a summary line per row (rewriting the request and renaming the answer: what it costs)."""
+    by_name = {(row["target"], row["concurrency"]): row for row in rows}
+    found: dict[str, list[tuple[int, float, float]]] = {}
+    for row in rows:
+        plain = by_name.get((row["target"].replace(REWRITTEN, ""), row["concurrency"]))
+        if REWRITTEN not in row["target"] or plain is None or not plain["rps"] or not plain["p50 ms"]:
+            continue
+        row["rps vs not rewritten"] = row["rps"] / plain["rps"]
+        found.setdefault(row["target"], []).append(
+            (row["concurrency"], row["rps vs not rewritten"], row["p50 ms"] / plain["p50 ms"])
+        )
+    lines = {}
+    for name, ratios in found.items():
+        levels = "/".join(str(ratio[0]) for ratio in ratios)
+        rps = ", ".join(f"{ratio[1]:.2f}" for ratio in ratios)
+        p50 = ", ".join(f"{ratio[2]:.2f}" for ratio in ratios)
+        lines[name] = f"{name} vs not rewritten at c={levels}: requests/s x {rps}; p50 x {p50}"
+    return lines
 
 
 def _line(name: str, ratios: list[tuple[int, float, float, float]]) -> str:

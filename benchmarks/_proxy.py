@@ -3,7 +3,7 @@
     python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp|httpx-aiohttp]
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
         [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB] [--server uvicorn|granian]
-        [--policy questions|facts]
+        [--policy questions|facts] [--upstream-model NAME]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
@@ -13,7 +13,8 @@ prometheus_client's multi-process mode, as under `d3router serve --workers N`. `
 `session:` (issue 12): `off`, or `{mode: sticky}` with the in-process store (`memory`) or in that Redis
 (`server.redis`); without it the policy says nothing and the router's default applies.
 `--server granian` serves the app under granian's embedded server (its Rust HTTP/1 on our uvloop loop)
-instead of uvicorn + httptools.
+instead of uvicorn + httptools. `--upstream-model NAME` gives the upstream a `model:`: the route rewrites the request's
+model to it and the answer's back to the client's (issue 26.1; the "model rewritten, ..." rows).
 """
 
 from __future__ import annotations
@@ -131,16 +132,21 @@ def main() -> None:
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
     parser.add_argument("--policy", choices=["questions", "facts"], default="questions",
                         help="the bench policy (asks three questions) or one that reads only facts")  # fmt: skip
+    parser.add_argument("--upstream-model", default=None, help="the upstream's `model:` (the route rewrites to it)")
     args = parser.parse_args()
     if args.transport:
         _http.TRANSPORT = args.transport
-    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server, args.policy))
+    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server, args.policy,
+              args.upstream_model))  # fmt: skip
 
 
-def bench_config(upstream: str, sessions: str | None = None, policy: str = "questions") -> str:
+def bench_config(upstream: str, sessions: str | None = None, policy: str = "questions", model: str | None = None
+                 ) -> str:  # fmt: skip
     """The bench policy's YAML (`policy` facts: the facts-only one); `sessions` (off, memory or a Redis URL) sets its
-    `session:` mode and store."""
+    `session:` mode and store; `model` the upstream's `model:`."""
     text = (FACTS_POLICY if policy == "facts" else POLICY).format(upstream=upstream)
+    if model is not None:
+        text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", model: {json.dumps(model)}', 1)
     if sessions is None:
         return text
     if sessions not in ("off", "memory") and not sessions.startswith(("redis://", "rediss://", "unix://")):
@@ -182,6 +188,7 @@ async def serve(
     sessions: str | None = None,
     server: str = "uvicorn",
     policy: str = "questions",
+    model: str | None = None,
 ) -> None:
     app: Any
     serve_app = serve_granian if server == "granian" else serve_uvicorn
@@ -194,9 +201,8 @@ async def serve(
         return
     engine = engine_for(engine_spec)
     environ = {**os.environ, SALT_ENV: os.environ.get(SALT_ENV) or BENCH_SALT}
-    app = create_app(
-        parse_config(bench_config(upstream, sessions, policy), "bench.yaml"), engine=engine, environ=environ
-    )
+    config = parse_config(bench_config(upstream, sessions, policy, model), "bench.yaml")
+    app = create_app(config, engine=engine, environ=environ)
     if metrics == "old":
         from benchmarks._old_metrics import Metrics as OldMetrics
 

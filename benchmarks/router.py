@@ -48,7 +48,7 @@ import httpx
 
 from benchmarks import _peers, _sessionrows
 from benchmarks._answers import PATHS
-from benchmarks._apirows import api_of, body_file, picked, vs_chat
+from benchmarks._apirows import REWRITE, REWRITTEN, api_of, body_file, picked, vs_chat, vs_plain
 from benchmarks._report import add_arguments, write
 from d3backend import VllmServer, free_port, make_model
 from d3backend._wire import request_body
@@ -250,6 +250,10 @@ def main() -> None:
             ("d3router cache hit, granian", ["router", "--engine", "cache", "--server", "granian"]),
             ("responses cache hit", ["router", "--engine", "cache"]),
             ("messages cache hit", ["router", "--engine", "cache"]),
+            *(
+                (f"{REWRITTEN}{api} cache hit", ["router", "--engine", "cache", *REWRITE])
+                for api in ("responses", "messages")
+            ),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
             (FACTS_ROW, ["router", "--engine", "fake10ms", "--policy", "facts"]),  # an engine call would show
         ]
@@ -283,11 +287,12 @@ def main() -> None:
             row["p50 ms"] - direct[row["concurrency"]]["p50 ms"] if row["concurrency"] in direct else ""
         )
     extra["vs chat"] = vs_chat(rows)
+    extra["vs not rewritten"] = vs_plain(rows)
     extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"])
     extra["peers"] = _peers.vs_d3router(rows)
-    summary = {**extra["vs chat"], **extra["sessions"], **extra["peers"]}
+    summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["sessions"], **extra["peers"]}
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "added p50 ms",
-               "CPU ms/req", "peak RSS MB", "rps vs chat", "CPU vs chat"]  # fmt: skip
+               "CPU ms/req", "peak RSS MB", "rps vs chat", "CPU vs chat", "rps vs not rewritten"]  # fmt: skip
     columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN) if any(column in row for row in rows)]
     command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
     command += " --no-engine" * args.no_engine + " --peers" * args.peers
@@ -373,13 +378,14 @@ def streams(
     chosen = [(name, transport) for name, transport in (
         ("stream, d3router cache hit", "aiohttp"), ("stream, responses cache hit", "aiohttp"),
         ("stream, messages cache hit", "aiohttp"), ("stream, d3router cache hit, httpx-aiohttp pool", "httpx-aiohttp"),
+        (f"stream, {REWRITTEN}responses cache hit", "aiohttp"), (f"stream, {REWRITTEN}messages cache hit", "aiohttp"),
     ) if picked(only, name)]  # fmt: skip
     if not chosen:
         return []
     with ExitStack() as stack:
         targets = [Target("stream, direct", f"{upstream}/chat/completions", stream=True)]
         for name, transport in chosen:
-            spec = ["router", "--engine", "cache", "--transport", transport]
+            spec = ["router", "--engine", "cache", "--transport", transport, *(REWRITE * (REWRITTEN in name))]
             targets.append(proxy(stack, name, spec, upstream, extra, stream=True, api=api_of(name)))
         return interleaved(targets + (peers or []), levels, requests, rounds)
 

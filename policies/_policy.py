@@ -195,6 +195,35 @@ class Policy:
         # Unreachable for a loaded policy: its last rule is an unconditional route.
         raise EvaluationError(f"policy {self.name!r} has no default route")
 
+    def sent_on(self, decision: Decision, upstreams: tuple[str, ...]) -> Decision:
+        """`decision` sent on `upstreams` instead of its own route (a session's sticky route): the tags and `set` of
+        the route taken (issue 26.5). The rules that matched before the deciding one keep theirs (they describe the
+        request); the deciding rule's own give way to those of the first rule routing to exactly `upstreams`, else
+        of the first whose route starts with the same upstream, else to none; a later key wins, as in a walk.
+
+            >>> policy.sent_on(decision, ("large",)).tags      # doctest: +SKIP
+            {'x-team': 'platform', 'x-tier': 'large'}
+        """
+        action = decision.action
+        if not isinstance(action, Route) or action.upstreams == upstreams:
+            return decision
+        by_name = {rule.name: rule for rule in self.rules}
+        tags: dict[str, str] = {}
+        params: dict[str, Any] = {}
+        for step in decision.trace[:-1]:  # the last step is the deciding rule
+            rule = by_name.get(step.rule)
+            if step.matched and rule is not None:
+                tags.update(rule.tags)
+                params.update(rule.params)
+        routes = [(rule, rule.action.upstreams) for rule in self.rules if isinstance(rule.action, Route)]
+        taken = next((rule for rule, route in routes if route == upstreams), None)
+        if taken is None:
+            taken = next((rule for rule, route in routes if route[0] == upstreams[0]), None)
+        if taken is not None:
+            tags.update(taken.tags)
+            params.update(taken.params)
+        return decision._replace(action=Route(upstreams), tags=tags, params=params)
+
     def engine_failed(self) -> Decision:
         """The decision when the engine could not answer: `on_engine_error`, marked degraded."""
         rule = self.on_engine_error

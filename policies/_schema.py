@@ -687,6 +687,12 @@ class ServerSettings(Strict):
     max_media_items: int = Field(
         16, ge=0, description="Images and videos one request may hand to the engine; more get 413."
     )
+    answer_model: Literal["client", "upstream"] = Field(
+        "client",
+        description="The model a routed answer names when the route rewrote the request's model: `client`, the name "
+        "the client asked for (in JSON answers and stream events; Claude Code sends thinking blocks back only then), "
+        "or `upstream`, the upstream's answer as it came.",
+    )
 
     sessions: SessionServerSettings = SessionServerSettings()
     redis: str | None = Field(

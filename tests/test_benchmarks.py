@@ -70,6 +70,10 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
                  "stream, messages cache hit"):  # fmt: skip
         ratios = [row["rps vs chat"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
         assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # c=1 and 8, each set against chat
+    for name in ("model rewritten, responses cache hit", "model rewritten, messages cache hit",
+                 "stream, model rewritten, responses cache hit", "stream, model rewritten, messages cache hit"):  # fmt: skip
+        ratios = [row["rps vs not rewritten"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
+        assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # each set against its row unrewritten
     extra = json.loads((tmp_path / "router-extra.json").read_text())
     # A policy that reads only facts decides every request without its engine (issue 29), which would take 10 ms.
     facts = [row for row in rows if row["target"] == "d3router facts-only policy (no engine)"]  # type: ignore[union-attr,index]
@@ -95,7 +99,8 @@ def test_router_benchmark_only_picks_an_api_with_chat_to_compare(tmp_path: Path)
     payload = run("benchmarks.router", tmp_path, "--no-engine", "--only", "messages")
     targets = {row["target"] for row in payload["rows"]}  # type: ignore[union-attr,index]
     assert targets == {"direct", "d3router cache hit", "messages cache hit", "stream, direct",
-                       "stream, d3router cache hit", "stream, messages cache hit"}  # fmt: skip
+                       "stream, d3router cache hit", "stream, messages cache hit", "model rewritten, messages cache hit",
+                       "stream, model rewritten, messages cache hit"}  # fmt: skip
 
 
 def test_soak_small(tmp_path: Path) -> None:

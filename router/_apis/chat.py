@@ -41,6 +41,11 @@ class Api:
     # Its answers carry an id a later request may continue from (Responses' `previous_response_id`): a session
     # remembers them.
     chains_answers: ClassVar[bool] = False
+    # Where its answer names the model (router/_asgi/answer.py): the keys leading to it, in a JSON answer and in a
+    # stream event's data; chat's chunks name it at the top, as its answers do.
+    answer_model: ClassVar[tuple[tuple[str, ...], ...]] = (("model",),)
+    # Its token-counting endpoint (router/_faces/counting.py), if the API has one: the client's path.
+    count_path: ClassVar[str | None] = None
 
     def state(self, body: Mapping[str, Any], settings: StateSettings, media: MediaRules, *, lenient: bool = False
               ) -> DecisionState:  # fmt: skip
@@ -85,6 +90,15 @@ class Api:
 
     def key_headers(self, key: str) -> Headers:
         return [(b"authorization", f"Bearer {key}".encode("latin-1", "replace"))]
+
+    def counted(self, tokens: int) -> bytes:
+        """The token-counting endpoint's answer, for the router's own estimate."""
+        return json_bytes({"input_tokens": tokens})
+
+    def model_list(self, names: list[str], created: int) -> bytes:
+        """`GET /v1/models` in OpenAI's list shape."""
+        data = [{"id": name, "object": "model", "created": created, "owned_by": "d3-router"} for name in names]
+        return json_bytes({"object": "list", "data": data})
 
     def rewrite(self, raw: bytes, body: Mapping[str, Any], model: str | None, params: Mapping[str, Any]) -> bytes:
         """The client's bytes unless the route rewrites the model or a rule sets parameters (named as in chat)."""

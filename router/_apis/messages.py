@@ -9,6 +9,7 @@ Anthropic's API does, so the SDK raises its own typed exception. Its key goes in
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,8 @@ class Messages(Api):
     path = "/v1/messages"
     upstream_path = "/messages"
     key_header = b"x-api-key"
+    answer_model = (("model",), ("message", "model"))  # the answer; the stream's `message_start`
+    count_path = "/v1/messages/count_tokens"
 
     def turns(self, body: Mapping[str, Any], content: Content) -> list[Turn]:
         turns = []
@@ -107,6 +110,13 @@ class Messages(Api):
 
     def key_headers(self, key: str) -> Headers:
         return [(b"x-api-key", key.encode("latin-1", "replace"))]
+
+    def model_list(self, names: list[str], created: int) -> bytes:
+        """`GET /v1/models` in Anthropic's list shape (a request carrying `anthropic-version`)."""
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+        data = [{"type": "model", "id": name, "display_name": name, "created_at": at} for name in names]
+        return json.dumps({"data": data, "has_more": False, "first_id": names[0] if names else None,
+                           "last_id": names[-1] if names else None}).encode()  # fmt: skip
 
 
 def _image(source: Any, where: str, content: Content) -> str:

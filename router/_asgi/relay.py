@@ -11,6 +11,8 @@ from typing import cast
 import httpx
 from starlette.types import Send
 
+from router._asgi.answer import Rename, resized
+from router._asgi.answer import decoded as decoded_answer
 from router._asgi.decoding import Decoder, FirstResponse, decoded
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers
 
@@ -26,6 +28,7 @@ async def relay(
     upstream: str = "upstream",
     on_whole: Callable[[bytes], Awaitable[None]] | None = None,
     ending: Callable[[], bytes] | None = None,
+    rename: Rename | None = None,
 ) -> bool:
     """Send `response` to the client: status, headers (hop-by-hop removed), raw bytes. An event stream goes on as it
     arrives, unbuffered. Any other body is read whole first (up to `BUFFER_LIMIT`, then streamed), so an upstream
@@ -36,7 +39,9 @@ async def relay(
     is closed. A body read whole is given to `on_whole` before the client has it (the session of a Responses answer's
     id: stored before the client can send its next turn, perhaps to another replica), decoded whatever its
     `Content-Encoding`; of an event stream, `on_whole` is given the data of the first event carrying the response
-    (`response.created`) as soon as it has come, before that event goes on to the client (issue 26.4)."""
+    (`response.created`) as soon as it has come, before that event goes on to the client (issue 26.4). With
+    `rename`, the answer names the client's model (router/_asgi/answer.py): a JSON body read whole (gzip or deflate
+    decoded first), an event stream event by event; a body over `BUFFER_LIMIT` passes as it came."""
     raw = response.headers.raw
     named = {token.strip().lower() for k, v in raw if k.lower() == b"connection" for token in v.split(b",")}
     headers = [(k, v) for k, v in raw if k.lower() not in HOP_BY_HOP_RAW and k.lower() not in named] + extra
@@ -60,8 +65,13 @@ async def relay(
                 else:
                     await response.aclose()  # before the answer ends (see above)
                     body = b"".join(chunks)
+                    readable = None
+                    if rename is not None and (plain := decoded_answer(body, headers)) is not None:
+                        body = readable = rename.body(plain[0])  # sent decoded
+                        start["headers"] = headers = resized(plain[1], len(body))
                     if on_whole is not None:
-                        readable = decoded(body, response.headers.get("content-encoding", ""))
+                        if readable is None:
+                            readable = decoded(body, response.headers.get("content-encoding", ""))
                         if readable is not None:
                             await on_whole(readable)
                     await send(start)
@@ -69,6 +79,10 @@ async def relay(
                     return True
             except httpx.HTTPError as exc:
                 raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc
+        if not events or response.headers.get("content-encoding", "identity") != "identity":
+            rename = None  # too large to hold, or encoded: as it came
+        elif rename is not None:
+            start["headers"] = [(k, v) for k, v in headers if k.lower() != b"content-length"]
         await send(start)
         for chunk in chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -82,18 +96,22 @@ async def relay(
                     data = peek.feed(last)
                     if data is not None:
                         await seen(data)
-                await send({"type": "http.response.body", "body": last, "more_body": True})
+                out = last if rename is None else rename.feed(last)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
         except httpx.HTTPError as exc:
             logger.warning("upstream %r broke off its response mid-way (%s); the client's response ends there",
                            upstream, type(exc).__name__)  # fmt: skip
             if not events or ending is None:  # only the cut says it
                 return False
             # An event cut in two is closed first, so that the error is an event of its own.
+            held = b"" if rename is None else rename.flush()
             tail = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
-            await send({"type": "http.response.body", "body": tail + ending(), "more_body": False})
+            await send({"type": "http.response.body", "body": held + tail + ending(), "more_body": False})
             return False
         await response.aclose()  # before the answer ends (see above)
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await send({"type": "http.response.body", "body": b"" if rename is None else rename.flush(),
+                    "more_body": False})  # fmt: skip
         return True
     finally:
         await response.aclose()

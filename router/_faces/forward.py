@@ -155,7 +155,7 @@ def decided_path(raw_path: bytes, endpoints: tuple[str, ...]) -> str | None:
     path = unquote_to_bytes(raw_path).lower()
     path = b"/".join(segment.split(b";")[0] for segment in _SLASHES.sub(b"/", path).split(b"/"))
     path = path.rstrip(b"/") or b"/"
-    for endpoint in endpoints:
+    for endpoint in sorted(endpoints, key=len, reverse=True):  # the most specific: /v1/messages/count_tokens first
         if path == endpoint.encode() or path.startswith(endpoint.encode() + b"/"):
             return endpoint
     return None

@@ -23,6 +23,7 @@ from starlette.types import Message, Send
 from d3backend import EngineError
 from policies import AnswerGuard, AnswerVerdict, Block, Replace
 from router._apis.answers import Answered, Call, read_answer, replacement
+from router._asgi.answer import Rename
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers, encode_headers
 from router._asgi.relay import UpstreamBroke
 from router._decision.record import D3Decision
@@ -46,15 +47,16 @@ async def relay_judged(
     extra: Headers,
     upstream: str,
     on_whole: Callable[[bytes], Awaitable[None]] | None,
+    rename: Rename | None = None,
 ) -> str:
     """The proxy's way: read the upstream's answer whole, judge it, send what the verdict says; return `pass` or
     `replace`. A block raises `Blocked` (nothing was sent), a broken or oversized answer `UpstreamBroke` (the next
     upstream, or 502)."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        return await _stream(service, guard, request, d3, response, extra, upstream, on_whole)
+        return await _stream(service, guard, request, d3, response, extra, upstream, on_whole, rename)
     raw = await _read(response, guard.max_answer_bytes, upstream)
     status, headers, body, outcome = await judged(
-        service, guard, request, d3, response.status_code, [*response.headers.raw, *extra], raw
+        service, guard, request, d3, response.status_code, [*response.headers.raw, *extra], raw, rename
     )
     if outcome == "pass" and on_whole is not None and not _streamed(headers):
         await on_whole(raw)
@@ -65,7 +67,7 @@ async def relay_judged(
 
 async def _stream(
     service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, response: httpx.Response,
-    extra: Headers, upstream: str, on_response: Callable[[bytes], Awaitable[None]] | None,
+    extra: Headers, upstream: str, on_response: Callable[[bytes], Awaitable[None]] | None, rename: Rename | None,
 ) -> str:  # fmt: skip
     """A streamed answer judged in windows as it flows (router/_faces/windows.py); `on_response` learns a streamed
     Responses answer's id from its first event, as `relay` does."""
@@ -76,7 +78,9 @@ async def _stream(
                             "headers": [*kept, *extra, *tags]})  # fmt: skip
 
     async def send_body(body: bytes) -> None:
-        await request.send({"type": "http.response.body", "body": body, "more_body": True})
+        out = body if rename is None else rename.feed(body)  # the answer names the client's model
+        if out:
+            await request.send({"type": "http.response.body", "body": out, "more_body": True})
 
     def ended(rule: str | None, outcome: str) -> None:
         service.metrics.answer_verdicts[(d3.policy, rule or "-", outcome)] += 1
@@ -95,13 +99,13 @@ async def _stream(
         raise UpstreamBroke(str(exc)) from exc
     finally:
         await response.aclose()
-    await request.send({"type": "http.response.body", "body": b""})
+    await request.send({"type": "http.response.body", "body": b"" if rename is None else rename.flush()})
     return outcome
 
 
 async def judged(
     service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, status: int, headers: Headers,
-    raw: bytes,
+    raw: bytes, rename: Rename | None = None,
 ) -> tuple[int, Headers, bytes, str]:  # fmt: skip
     """What the client gets for the decoded answer `raw` (`status`, `headers` as the answer came): the answer itself
     (hop-by-hop, length and coding headers dropped), or a replacement, with the verdict's tags; a block raises
@@ -124,7 +128,8 @@ async def judged(
         kept = [(k, v) for k, v in kept if k.lower() != b"content-type"]
         kept = [(b"content-type", kind), *kept]
         return 200, [*kept, *tags, (b"content-length", str(len(body)).encode())], body, "replace"
-    return status, [*kept, *tags, (b"content-length", str(len(raw)).encode())], raw, "pass"
+    body = raw if rename is None else rename.body(raw)  # the answer names the client's model
+    return status, [*kept, *tags, (b"content-length", str(len(body)).encode())], body, "pass"
 
 
 def _streamed(headers: Headers) -> bool:

@@ -109,8 +109,9 @@ class D3RouterMiddleware:
             try:
                 await self.app({**scope, "headers": headers}, _replay(request.raw, receive), app_send)
             finally:
-                if request.judging is not None:
-                    await request.judging.aclose()
+                judging = getattr(app_send, "__self__", None)  # the answer guard's `Judging.send`
+                if isinstance(judging, Judging):
+                    await judging.aclose()
 
     async def _decide(self, request: Decided) -> Send:
         """Decide `request`: the `send` the app answers through, the decision at `request.state.d3` (undecided:
@@ -147,8 +148,7 @@ class D3RouterMiddleware:
             await send(message)
 
         if policy.answer is not None:  # the app's answer judged before the client has any of it
-            request.judging = Judging(self.service, policy.answer, request, d3, send_with_headers)
-            return request.judging.send
+            return Judging(self.service, policy.answer, request, d3, send_with_headers).send
         return send_with_headers
 
     def _caller(self, scope: Scope) -> Caller:

@@ -36,8 +36,9 @@ from d3backend import CachedEngine, DecisionEngine, json_bytes
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import CHAT, Api
-from router._apis.registry import API_BY_PATH, APIS, detect
+from router._apis.registry import API_BY_PATH, APIS, detect, error_api
 from router._asgi.admission import FULL, Admission
+from router._asgi.answer import renaming
 from router._asgi.decoding import readable_accept_encoding
 from router._asgi.headers import Headers, content_length, encode_headers, header
 from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body, send_bytes, send_json
@@ -57,6 +58,7 @@ from router._errors import (
     answer,
 )
 from router._faces.auth import Access, Caller
+from router._faces.counting import count_routes
 from router._faces.decisions import serve_decisions, serve_systemone
 from router._faces.forward import Failure, Forwarder, allowed, decided_path, unsafe_path
 from router._faces.guarded import relay_judged
@@ -109,6 +111,7 @@ class ProxyApp(Lifecycle):
         self._probing = False
         self._routes: dict[tuple[str, str], Handler] = {
             **{("POST", api.path): functools.partial(self.decided, api) for api in APIS},
+            **count_routes(self),  # /v1/messages/count_tokens, /v1/responses/input_tokens (router/_faces/counting.py)
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/d3/explain"): self.explain,
             ("POST", "/v1/decisions"): functools.partial(serve_decisions, self),  # router/_faces/decisions.py
@@ -141,7 +144,7 @@ class ProxyApp(Lifecycle):
                 except RequestError as exc:
                     if isinstance(exc, Unauthorized):
                         self.service.metrics.request("-", "-", "unauthorized", exc.status)
-                    await _fail(send, exc, API_BY_PATH.get(path, CHAT))
+                    await _fail(send, exc, error_api(path, scope["headers"]))
                     return
                 if info is not None:
                     info.caller = caller.id
@@ -150,7 +153,7 @@ class ProxyApp(Lifecycle):
                 if ticket is None:  # the refusal in the API's own shape; the body read and dropped, nothing kept
                     self.service.metrics.request("-", "-", "overloaded", 503)
                     await drain(receive, self.config.server.max_body_bytes)
-                    await _fail(send, Overloaded(FULL), API_BY_PATH.get(path, CHAT))
+                    await _fail(send, Overloaded(FULL), error_api(path, scope["headers"]))
                     return
             with ticket or contextlib.nullcontext():
                 if handler is not None:
@@ -243,14 +246,17 @@ class ProxyApp(Lifecycle):
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
                     broke = f"upstream {name!r} broke off its answer"
                     ending = functools.partial(api.stream_error, broke)  # made only if it breaks off
+                    rename = renaming(api.answer_model, request.body.get("model"), upstream.model,
+                                      request.config.server.answer_model)  # fmt: skip
                     guard = request.policy.answer if request.policy is not None else None
                     if guard is not None and response.is_success:  # judged first (router/_faces/guarded.py)
                         try:
-                            await relay_judged(self.service, guard, request, d3, response, headers, name, remember)
+                            await relay_judged(self.service, guard, request, d3, response, headers, name, remember,
+                                               rename)  # fmt: skip
                         except Blocked as exc:  # routed, and its answer withheld: counted as the route it took
                             metrics.request(d3.policy, d3.decision.rule, "route", exc.status)
                             raise
-                    elif not await relay(response, request.send, headers, name, remember, ending):
+                    elif not await relay(response, request.send, headers, name, remember, ending, rename):
                         metrics.upstream_errors[(name, "broken")] += 1
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
@@ -276,8 +282,8 @@ class ProxyApp(Lifecycle):
 
     async def passthrough(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         """Other `/v1/*` requests: those `server.passthrough` lists go to the first upstream as they came (the path
-        as the client wrote it, once checked); others get 404. Errors are OpenAI-shaped (the house default)."""
-        request = Decided(scope, receive, send, CHAT, self.service.snapshot, caller)
+        as the client wrote it, once checked); others get 404. Errors in the path's API shape (`error_api`)."""
+        request = Decided(scope, receive, send, error_api(scope["path"]), self.service.snapshot, caller)
         config = request.config
         raw_path = (scope.get("raw_path") or scope["path"].encode("utf-8")).split(b"?")[0]
         try:
@@ -315,11 +321,9 @@ class ProxyApp(Lifecycle):
 
     # --- the other endpoints -------------------------------------------------------------------------------------
     async def models(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        """The models this caller may send (its key's policies, and what it may send undecided), nothing else."""
-        created = int(time.time())
-        data = [{"id": name, "object": "model", "created": created, "owned_by": "d3-router"}
-                for name in available(self.config, caller)]  # fmt: skip
-        await send_json(send, 200, json.dumps({"object": "list", "data": data}).encode())
+        """The models this caller may send (its key's policies, and undecided), in the shape its API lists them."""
+        api = error_api(scope["path"], scope["headers"])
+        await send_json(send, 200, api.model_list(available(self.config, caller), int(time.time())))
 
     async def explain(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         """A dry run for a body of any decided API (`?api=chat|completions|responses|messages`, else guessed from

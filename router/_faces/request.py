@@ -13,7 +13,7 @@ call chain, as Starlette's `Request` does; the faces' functions take it instead 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -28,9 +28,6 @@ from router._errors import ModelNotFound, RequestError, answer
 from router._faces.auth import Caller
 from router._observe.tracing import NO_SPAN, NoSpan, Span
 from router._sessions.session import SessionTurn
-
-if TYPE_CHECKING:
-    from router._faces.guarded import Judging
 
 
 @dataclass(eq=False, slots=True)
@@ -50,7 +47,6 @@ class Decided:
     turn: SessionTurn | None = None
     request_id: str = ""
     span: Span | NoSpan = NO_SPAN
-    judging: Judging | None = None  # the middleware's answer guard, while the app answers (router/_faces/guarded.py)
 
     @property
     def config(self) -> Config:

@@ -229,7 +229,8 @@ class SessionTurn:
             self.sessions.counts[(d3.policy, outcome)] += 1
         decision = d3.decision
         if isinstance(decision.action, Route) and upstreams != decision.action.upstreams:
-            decision = decision._replace(action=Route(upstreams))
+            policy = self.config.policies.get(d3.policy)  # the tags and `set` of the route taken (issue 26.5)
+            decision = policy.sent_on(decision, upstreams) if policy else decision._replace(action=Route(upstreams))
         return dataclasses.replace(d3, decision=decision, session=outcome, session_key=self.key)
 
     def _upstreams(self, stored: str | None) -> tuple[str, ...] | None:

@@ -3,8 +3,6 @@ block shown once, an instruction injected in a file refused, and a sub-agent tha
 
 from __future__ import annotations
 
-import pytest
-
 from tests.agents._scripted import INJECTION, SIGNATURE
 from tests.agents.conftest import Stack, cli, requests_by_action, run
 
@@ -33,11 +31,6 @@ def test_a_two_turn_tool_task_completes(stack: Stack) -> None:
     assert any("the answer is 42" in result for result in tool_results(stack))  # the file reached the model
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 26.1 (another branch): the answer's `model` is the upstream's, not the "
-    "one Claude Code asked for, and Claude Code then drops the thinking block from the tool-result turn",
-)
 def test_the_thinking_block_is_sent_back_with_the_tool_result(stack: Stack) -> None:
     notes = stack.work / "notes.txt"
     notes.write_text("the answer is 42\n")

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.anyio
 
 CONFIG = """
 server: {{default_policy: guarded}}
-upstreams: {{up: {{url: http://up.test/v1, model: up-model}}}}
+upstreams: {{up: {{url: http://up.test/v1}}}}  # the client's model goes up: no rename
 policies:
   guarded:
     rules: [{{name: default, route: up}}]

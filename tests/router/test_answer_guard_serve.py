@@ -28,7 +28,7 @@ CONFIG = """
 engine:
   remote: {{urls: ["http://127.0.0.1:{engine}"], model: d3-scripted, timeout_s: 5}}
 upstreams:
-  up: {{url: "http://127.0.0.1:{upstream}/v1", model: up-model, timeout_s: 30}}
+  up: {{url: "http://127.0.0.1:{upstream}/v1", timeout_s: 30}}  # the client's model goes up: no rename
 server: {{default_policy: guarded}}
 policies:
   guarded:

@@ -1,0 +1,195 @@
+"""The answer names the model the client asked for (issue 26.1): a route that rewrote the request's `model` to the
+upstream's writes the client's name back into the answer, a JSON body whole or a stream event by event.
+
+    rename = Rename(api.answer_model, "auto")     # where the API's answer holds its model; the client's name
+    body = rename.body(body)                      # a JSON answer
+    out = rename.feed(chunk); ...; rename.flush() # an event stream, as it arrives
+
+Only the bytes of the model's value change: the rest of the answer (thinking blocks and their signatures, tool
+calls, ids) passes byte for byte, never parsed and written again. An event stream is cut at its event boundaries;
+an event that arrives in pieces is held until it is whole (the one event, never the stream), and an event without
+`"model"` in it passes as it came. Claude Code sends a turn's thinking block back with the next only when the
+answer names the model it asked for, and Anthropic requires it back with a tool result.
+
+What it costs (benchmarks/README.md, "The answer's model renamed"): a JSON answer 6-11 us, a Messages stream
+~25 us, a Responses stream ~60 us (three events carry the whole response), a chat chunk ~5 us: events are found by
+`bytes.find`, never split, and an event whose data starts like the last renamed one's is renamed without a scan
+(`test_an_event_unlike_the_last_is_scanned_anew` guards the shortcut).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections.abc import Sequence
+
+from router._asgi.headers import Headers
+
+ModelPaths = Sequence[tuple[str, ...]]  # e.g. (("model",), ("message", "model")): the keys leading to the model
+
+# A JSON string (escapes included, the loop unrolled: a third faster), a key (a string and its colon), or a bracket;
+# commas, colons after values, numbers and literals are skipped between them.
+_TOKENS = re.compile(rb'("[^"\\]*(?:\\.[^"\\]*)*")(\s*:)?|[{}\[\]]')
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_MODEL = b'"model"'
+_OPEN = frozenset(b"{[")
+
+Wanted = frozenset[tuple[bytes, ...]]
+
+
+def wanted(paths: ModelPaths) -> Wanted:
+    return frozenset(tuple(key.encode() for key in path) for path in paths)
+
+
+def model_span(data: bytes, paths: ModelPaths | Wanted, start: int = 0) -> tuple[int, int] | None:
+    """Where the string value at one of `paths` (keys through objects only) sits in the JSON text `data` from
+    `start`: (start, end) of the value with its quotes, or None when no path leads to a string. The scan stops at
+    the first found (an answer's model comes before its content)."""
+    targets = paths if isinstance(paths, frozenset) else wanted(paths)
+    last = _LAST.get(targets) or _LAST.setdefault(targets, frozenset(path[-1] for path in targets))
+    keys: list[bytes | None] = []  # the key of each open object (None: an array, or before its first key)
+    for match in _TOKENS.finditer(data, start):
+        kind = match.lastindex  # None: a bracket; 1: a value string; 2: a key
+        if kind is None:
+            if data[match.start()] in _OPEN:
+                keys.append(None)
+            elif keys:
+                keys.pop()
+        elif kind == 2:
+            if keys:
+                keys[-1] = match.group(1)[1:-1]
+        elif keys and keys[-1] in last and tuple(keys) in targets:
+            return match.span(1)
+    return None
+
+
+_LAST: dict[Wanted, frozenset[bytes]] = {}  # each set of paths' last keys (a handful: one per API)
+
+
+class Rename:
+    """Writes `model` (the client's name) where `paths` say the API's answer names its model; one per response."""
+
+    def __init__(self, paths: ModelPaths, model: str) -> None:
+        self.paths = wanted(paths)
+        self.model = json.dumps(model).encode()
+        self._tail = b""
+        # The data line's bytes before the model's value in the last event renamed: a stream's chunks repeat them
+        # (chat's id, object and created), so that the next such event is renamed without a scan.
+        self._prefix = b""
+
+    def body(self, data: bytes) -> bytes:
+        """A whole JSON answer with its model renamed (unchanged if it names none where expected)."""
+        if _MODEL not in data:
+            return data
+        span = model_span(data, self.paths)
+        if span is None:
+            return data
+        return data[: span[0]] + self.model + data[span[1] :]
+
+    def feed(self, chunk: bytes) -> bytes:
+        """The bytes of `chunk` that can go on now: the whole events, renamed; a last event still incomplete is held
+        (`flush` gives it back)."""
+        data = self._tail + chunk if self._tail else chunk
+        end = _last_boundary(data)
+        if end < 0:
+            self._tail = data
+            return b""
+        self._tail = data[end:]
+        whole = data[:end] if self._tail else data
+        at = whole.find(_MODEL)
+        if at < 0:
+            return whole
+        out: list[bytes] = []
+        copied = 0
+        while at >= 0:  # each event naming a model, found by bytes.find; the others are never cut out
+            start, stop = _event_start(whole, at), _event_end(whole, at)
+            event = whole[start:stop]
+            renamed = self._event(event)
+            if renamed is not event:
+                out += (whole[copied:start], renamed)
+                copied = stop
+            at = whole.find(_MODEL, stop)
+        if not out:
+            return whole
+        out.append(whole[copied:])
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """What is held: the stream's last, incomplete event, as it came."""
+        tail, self._tail = self._tail, b""
+        return tail
+
+    def _event(self, event: bytes) -> bytes:
+        """`event` with its model renamed, or `event` itself."""
+        at = event.find(b"data:")
+        while at > 0 and event[at - 1] not in b"\r\n":  # `data:` must start a line
+            at = event.find(b"data:", at + 1)
+        if at < 0:
+            return event
+        at += 5
+        span = None
+        if self._prefix and event.startswith(self._prefix, at):
+            value = _STRING.match(event, at + len(self._prefix))
+            span = None if value is None else value.span()
+        if span is None:
+            line_end = len(event)
+            for stop in (b"\r", b"\n"):
+                found = event.find(stop, at)
+                if 0 <= found < line_end:
+                    line_end = found
+            span = model_span(event[:line_end], self.paths, at)
+            if span is None:
+                return event
+            self._prefix = event[at : span[0]]
+        return event[: span[0]] + self.model + event[span[1] :]
+
+
+_SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
+
+def _last_boundary(data: bytes) -> int:
+    """The end of the last event boundary in `data` (a blank line), or -1."""
+    return max((at + len(sep) for sep in _SEPARATORS if (at := data.rfind(sep)) >= 0), default=-1)
+
+
+def _event_start(data: bytes, at: int) -> int:
+    """Where the event holding `at` starts: after the last boundary before it."""
+    return max((found + len(sep) for sep in _SEPARATORS if (found := data.rfind(sep, 0, at)) >= 0), default=0)
+
+
+def _event_end(data: bytes, at: int) -> int:
+    """Where the event holding `at` ends: after its boundary (`data` ends with one)."""
+    return min((found + len(sep) for sep in _SEPARATORS if (found := data.find(sep, at)) >= 0), default=len(data))
+
+
+def decoded(body: bytes, headers: Headers) -> tuple[bytes, Headers] | None:
+    """A gzip or deflate body decoded, its `content-encoding` dropped; None for any other encoding (the answer then
+    passes as it came). A body without an encoding is returned as it is."""
+    encodings = [v.strip().lower() for k, v in headers if k.lower() == b"content-encoding"]
+    if not encodings or encodings == [b"identity"]:
+        return body, headers
+    if encodings not in ([b"gzip"], [b"deflate"]):
+        return None
+    try:
+        wbits = 31 if encodings == [b"gzip"] else 15
+        plain = zlib.decompress(body, wbits)
+    except zlib.error:
+        try:  # deflate as some servers send it: raw, without zlib's header
+            plain = zlib.decompress(body, -15)
+        except zlib.error:
+            return None
+    return plain, [(k, v) for k, v in headers if k.lower() != b"content-encoding"]
+
+
+def resized(headers: Headers, size: int) -> Headers:
+    """`headers` with `content-length` set to `size`."""
+    return [(k, v) for k, v in headers if k.lower() != b"content-length"] + [(b"content-length", b"%d" % size)]
+
+
+def renaming(paths: ModelPaths, asked: object, sent: str | None, setting: str) -> Rename | None:
+    """The `Rename` for one upstream answer: when the request asked for the model `asked`, went upstream naming
+    `sent` instead, and `server.answer_model` (`setting`) is `client`; else None (the answer passes as it came)."""
+    if setting != "client" or sent is None or not isinstance(asked, str) or asked == sent:
+        return None
+    return Rename(paths, asked)
