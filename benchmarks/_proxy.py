@@ -3,6 +3,7 @@
     python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp|httpx-aiohttp]
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
         [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB] [--server uvicorn|granian]
+        [--gc settled|unsettled] [--gen0 N]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
@@ -12,7 +13,10 @@ prometheus_client's multi-process mode, as under `d3router serve --workers N`. `
 `session:` (issue 12): `off`, or `{mode: sticky}` with the in-process store (`memory`) or in that Redis
 (`server.redis`); without it the policy says nothing and the router's default applies.
 `--server granian` serves the app under granian's embedded server (its Rust HTTP/1 on our uvloop loop)
-instead of uvicorn + httptools.
+instead of uvicorn + httptools. `--gc settled` (the default) does what `d3router serve` does once started
+(router/_observe/gcpauses.py `settle()`, `--gen0 N` its generation-0 threshold), `unsettled` leaves the collector
+as CPython sets it; either way the collections and their longest pause are recorded, and `GET /_gc` answers
+them (JSON) since the last `GET /_gc`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from router import create_app
 from router._asgi.messages import send_bytes
 from router._faces.serve import run
 from router._faces.serve import serve_app as serve_uvicorn
+from router._observe import gcpauses
+from router._observe.metrics import Metrics
 
 SALT_ENV, BENCH_SALT = "D3_BENCH_SALT", "d3-bench-salt-not-a-secret"  # every bench replica reads the same one
 POLICY = """
@@ -86,12 +92,16 @@ class Counting:
         await self.engine.aclose()
 
 
-def with_task_count(app: Any) -> Any:
-    """`GET /_tasks` answers how many asyncio tasks the proxy process has (the soak's leak check)."""
+def with_task_count(app: Any, pauses: gcpauses.Pauses | None = None) -> Any:
+    """`GET /_tasks` answers how many asyncio tasks the proxy process has (the soak's leak check); `GET /_gc` the
+    garbage collections since the last `GET /_gc` (`pauses.window()`)."""
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/_tasks":
             await send_bytes(send, 200, str(len(asyncio.all_tasks())).encode(), [], b"text/plain")
+            return
+        if scope["type"] == "http" and scope["path"] == "/_gc" and pauses is not None:
+            await send_bytes(send, 200, json.dumps(pauses.window()).encode(), [], b"application/json")
             return
         await app(scope, receive, send)
 
@@ -118,10 +128,24 @@ def main() -> None:
     parser.add_argument("--metrics", choices=["prometheus", "old"], default="prometheus")
     parser.add_argument("--sessions", default=None, help="off, memory, or a redis:// URL")
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
+    parser.add_argument("--gc", choices=["settled", "unsettled"], default="settled")
+    parser.add_argument("--gen0", type=int, default=gcpauses.GEN0_THRESHOLD, help="with --gc settled")
     args = parser.parse_args()
     if args.transport:
         _http.TRANSPORT = args.transport
-    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server))
+    run(
+        serve(
+            args.mode,
+            args.port,
+            args.upstream,
+            args.engine,
+            args.metrics,
+            args.sessions,
+            args.server,
+            args.gc,
+            args.gen0,
+        )
+    )
 
 
 def bench_config(upstream: str, sessions: str | None = None) -> str:
@@ -167,14 +191,21 @@ async def serve(
     metrics: str = "prometheus",
     sessions: str | None = None,
     server: str = "uvicorn",
+    gc_mode: str = "settled",
+    gen0: int = gcpauses.GEN0_THRESHOLD,
 ) -> None:
     app: Any
     serve_app = serve_granian if server == "granian" else serve_uvicorn
     if mode == "passthrough":
         client = make_client(timeout=60, connect_timeout=5)
+        if gc_mode == "settled":
+            gcpauses.settle(gen0)
+        pauses = gcpauses.Pauses(Metrics()).install()
         try:
-            await serve_app(passthrough_app(upstream, client), "127.0.0.1", port, log_level="warning")
+            await serve_app(with_task_count(passthrough_app(upstream, client), pauses), "127.0.0.1", port,
+                            log_level="warning")  # fmt: skip
         finally:
+            pauses.uninstall()
             await client.aclose()
         return
     engine = engine_for(engine_spec)
@@ -184,9 +215,14 @@ async def serve(
         from benchmarks._old_metrics import Metrics as OldMetrics
 
         app.service.metrics = OldMetrics()  # type: ignore[assignment]
+    pauses = gcpauses.Pauses(Metrics() if metrics == "old" else app.service.metrics)
+    if gc_mode == "settled":  # as `d3router serve` does (router/_faces/serve.py settle_gc), once started
+        app.on_startup.append(lambda: gcpauses.settle(gen0))
     try:
-        await serve_app(with_task_count(app), "127.0.0.1", port, log_level="warning")
+        pauses.install()
+        await serve_app(with_task_count(app, pauses), "127.0.0.1", port, log_level="warning")
     finally:
+        pauses.uninstall()
         await app.aclose()
         await engine.aclose()
     counting = engine.engine if isinstance(engine, CachedEngine) else engine
