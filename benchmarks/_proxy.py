@@ -6,11 +6,11 @@
         [--gc settled|unsettled] [--gen0 N]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
-decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
-10 ms, or a real engine at a URL. `--metrics old` swaps in the hand-written metrics the router had before
-prometheus_client (benchmarks/_old_metrics.py); run with PROMETHEUS_MULTIPROC_DIR set, the router's metrics are in
-prometheus_client's multi-process mode, as under `d3router serve --workers N`. `--sessions` sets the bench policy's
-`session:` (issue 12): `off`, or `{mode: sticky}` with the in-process store (`memory`) or in that Redis
+decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes 10
+ms (`fakeNms`: N ms), or a real engine at a URL. `--metrics old` swaps in the hand-written metrics the router had
+before prometheus_client (benchmarks/_old_metrics.py); run with PROMETHEUS_MULTIPROC_DIR set, the router's metrics
+are in prometheus_client's multi-process mode, as under `d3router serve --workers N`. `--sessions` sets the bench
+policy's `session:` (issue 12): `off`, or `{mode: sticky}` with the in-process store (`memory`) or in that Redis
 (`server.redis`); without it the policy says nothing and the router's default applies.
 `--server granian` serves the app under granian's embedded server (its Rust HTTP/1 on our uvloop loop)
 instead of uvicorn + httptools. `--gc settled` (the default) does what `d3router serve` does once started
@@ -113,8 +113,9 @@ def engine_for(spec: str) -> DecisionEngine:
         return CachedEngine(Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1})))
     if spec == "fake":
         return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}))
-    if spec == "fake10ms":
-        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=0.010))
+    if spec.startswith("fake") and spec.endswith("ms"):  # fake10ms, fake40ms: a fake engine taking that long
+        delay_s = float(spec.removeprefix("fake").removesuffix("ms")) / 1000
+        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=delay_s))
     return Counting(RemoteEngine([spec], timeout_s=30.0))
 
 
