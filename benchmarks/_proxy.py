@@ -3,18 +3,21 @@
     python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp|httpx-aiohttp]
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
         [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB] [--server uvicorn|granian]
-        [--policy questions|facts] [--upstream-model NAME]
+        [--policy questions|facts] [--upstream-model NAME] [--gc settled|unsettled] [--gen0 N]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
-decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes
-10 ms, or a real engine at a URL. `--metrics old` swaps in the hand-written metrics the router had before
-prometheus_client (benchmarks/_old_metrics.py); run with PROMETHEUS_MULTIPROC_DIR set, the router's metrics are in
-prometheus_client's multi-process mode, as under `d3router serve --workers N`. `--sessions` sets the bench policy's
-`session:` (issue 12): `off`, or `{mode: sticky}` with the in-process store (`memory`) or in that Redis
+decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes 10
+ms (`fakeNms`: N ms), or a real engine at a URL. `--metrics old` swaps in the hand-written metrics the router had
+before prometheus_client (benchmarks/_old_metrics.py); run with PROMETHEUS_MULTIPROC_DIR set, the router's metrics
+are in prometheus_client's multi-process mode, as under `d3router serve --workers N`. `--sessions` sets the bench
+policy's `session:` (issue 12): `off`, or `{mode: sticky}` with the in-process store (`memory`) or in that Redis
 (`server.redis`); without it the policy says nothing and the router's default applies.
 `--server granian` serves the app under granian's embedded server (its Rust HTTP/1 on our uvloop loop)
 instead of uvicorn + httptools. `--upstream-model NAME` gives the upstream a `model:`: the route rewrites the request's
-model to it and the answer's back to the client's (issue 26.1; the "model rewritten, ..." rows).
+model to it and the answer's back to the client's (issue 26.1; the "model rewritten, ..." rows). `--gc settled`
+(the default) does what `d3router serve` does once started (router/_observe/gcpauses.py `settle()`, `--gen0 N` its
+generation-0 threshold), `unsettled` leaves the collector as CPython sets it; either way the collections and their
+longest pause are recorded, and `GET /_gc` answers them (JSON) since the last `GET /_gc`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from router import create_app
 from router._asgi.messages import send_bytes
 from router._faces.serve import run
 from router._faces.serve import serve_app as serve_uvicorn
+from router._observe import gcpauses
+from router._observe.metrics import Metrics
 
 SALT_ENV, BENCH_SALT = "D3_BENCH_SALT", "d3-bench-salt-not-a-secret"  # every bench replica reads the same one
 POLICY = """
@@ -98,12 +103,16 @@ class Counting:
         await self.engine.aclose()
 
 
-def with_task_count(app: Any) -> Any:
-    """`GET /_tasks` answers how many asyncio tasks the proxy process has (the soak's leak check)."""
+def with_task_count(app: Any, pauses: gcpauses.Pauses | None = None) -> Any:
+    """`GET /_tasks` answers how many asyncio tasks the proxy process has (the soak's leak check); `GET /_gc` the
+    garbage collections since the last `GET /_gc` (`pauses.window()`)."""
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/_tasks":
             await send_bytes(send, 200, str(len(asyncio.all_tasks())).encode(), [], b"text/plain")
+            return
+        if scope["type"] == "http" and scope["path"] == "/_gc" and pauses is not None:
+            await send_bytes(send, 200, json.dumps(pauses.window()).encode(), [], b"application/json")
             return
         await app(scope, receive, send)
 
@@ -115,8 +124,9 @@ def engine_for(spec: str) -> DecisionEngine:
         return CachedEngine(Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1})))
     if spec == "fake":
         return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}))
-    if spec == "fake10ms":
-        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=0.010))
+    if spec.startswith("fake") and spec.endswith("ms"):  # fake10ms, fake40ms: a fake engine taking that long
+        delay_s = float(spec.removeprefix("fake").removesuffix("ms")) / 1000
+        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=delay_s))
     return Counting(RemoteEngine([spec], timeout_s=30.0))
 
 
@@ -133,11 +143,13 @@ def main() -> None:
     parser.add_argument("--policy", choices=["questions", "facts"], default="questions",
                         help="the bench policy (asks three questions) or one that reads only facts")  # fmt: skip
     parser.add_argument("--upstream-model", default=None, help="the upstream's `model:` (the route rewrites to it)")
+    parser.add_argument("--gc", choices=["settled", "unsettled"], default="settled")
+    parser.add_argument("--gen0", type=int, default=gcpauses.GEN0_THRESHOLD, help="with --gc settled")
     args = parser.parse_args()
     if args.transport:
         _http.TRANSPORT = args.transport
-    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server, args.policy,
-              args.upstream_model))  # fmt: skip
+    run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server,
+              policy=args.policy, model=args.upstream_model, gc_mode=args.gc, gen0=args.gen0))  # fmt: skip
 
 
 def bench_config(upstream: str, sessions: str | None = None, policy: str = "questions", model: str | None = None
@@ -189,14 +201,21 @@ async def serve(
     server: str = "uvicorn",
     policy: str = "questions",
     model: str | None = None,
+    gc_mode: str = "settled",
+    gen0: int = gcpauses.GEN0_THRESHOLD,
 ) -> None:
     app: Any
     serve_app = serve_granian if server == "granian" else serve_uvicorn
     if mode == "passthrough":
         client = make_client(timeout=60, connect_timeout=5)
+        if gc_mode == "settled":
+            gcpauses.settle(gen0)
+        pauses = gcpauses.Pauses(Metrics()).install()
         try:
-            await serve_app(passthrough_app(upstream, client), "127.0.0.1", port, log_level="warning")
+            await serve_app(with_task_count(passthrough_app(upstream, client), pauses), "127.0.0.1", port,
+                            log_level="warning")  # fmt: skip
         finally:
+            pauses.uninstall()
             await client.aclose()
         return
     engine = engine_for(engine_spec)
@@ -207,9 +226,14 @@ async def serve(
         from benchmarks._old_metrics import Metrics as OldMetrics
 
         app.service.metrics = OldMetrics()  # type: ignore[assignment]
+    pauses = gcpauses.Pauses(Metrics() if metrics == "old" else app.service.metrics)
+    if gc_mode == "settled":  # as `d3router serve` does (router/_faces/serve.py settle_gc), once started
+        app.on_startup.append(lambda: gcpauses.settle(gen0))
     try:
-        await serve_app(with_task_count(app), "127.0.0.1", port, log_level="warning")
+        pauses.install()
+        await serve_app(with_task_count(app, pauses), "127.0.0.1", port, log_level="warning")
     finally:
+        pauses.uninstall()
         await app.aclose()
         await engine.aclose()
     counting = engine.engine if isinstance(engine, CachedEngine) else engine

@@ -1,13 +1,14 @@
 """A fast canned upstream on a raw asyncio protocol, answering like vLLM: as cheap as Python serving gets, so the
 router's cost is what the benchmark sees.
 
-    python -m benchmarks._upstream PORT [--gap-ms 0]
+    python -m benchmarks._upstream PORT [--gap-ms 0] [--first-ms 0]
 
 `POST .../chat/completions` answers a fixed completion, or, when the body asks `"stream": true`, an SSE stream of
 5 chunks and [DONE], the first at once and the rest `--gap-ms` apart (chunked encoding). `POST .../responses` (the
 OpenAI Responses API) and `POST .../messages` (the Anthropic Messages API) answer the same text in their own
 shapes (benchmarks/_answers.py), streamed in their own events in as many chunks as chat's, so that rows compare
-like for like. Any other path answers as chat. Keep-alive, HTTP/1.1 only, loopback only.
+like for like. Any other path answers as chat. `--first-ms`: every answer (its head, plain or streamed) waits that
+long first, a model's time to first token (benchmarks/overlap.py). Keep-alive, HTTP/1.1 only, loopback only.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ def _chunk(data: bytes) -> bytes:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, gap_s: float) -> None:
-        self.gap_s = gap_s
+    def __init__(self, gap_s: float, first_s: float = 0.0) -> None:
+        self.gap_s, self.first_s = gap_s, first_s
         self.buffer = b""
         self.transport: asyncio.Transport | None = None
         self.busy = False
@@ -74,11 +75,27 @@ class _Protocol(asyncio.Protocol):
                 self.busy = True
                 self.task = asyncio.ensure_future(self._stream(chunks))
                 return
+            if self.first_s:
+                self.busy = True
+                self.task = asyncio.ensure_future(self._later(plain))
+                return
             assert self.transport is not None
             self.transport.write(plain)
 
+    async def _later(self, plain: bytes) -> None:
+        await asyncio.sleep(self.first_s)
+        assert self.transport is not None
+        if not self.transport.is_closing():
+            self.transport.write(plain)
+        self.busy = False
+        self._serve()
+
     async def _stream(self, chunks: list[bytes]) -> None:
         assert self.transport is not None
+        if self.first_s:
+            await asyncio.sleep(self.first_s)
+            if self.transport.is_closing():
+                return
         self.transport.write(STREAM_HEAD)
         for index, data in enumerate(chunks):
             if self.gap_s and index:  # the first chunk at once, then one every gap
@@ -91,9 +108,9 @@ class _Protocol(asyncio.Protocol):
         self._serve()
 
 
-async def main(port: int, gap_s: float) -> None:
+async def main(port: int, gap_s: float, first_s: float = 0.0) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Protocol(gap_s), "127.0.0.1", port, backlog=1024)
+    server = await loop.create_server(lambda: _Protocol(gap_s, first_s), "127.0.0.1", port, backlog=1024)
     async with server:
         await server.serve_forever()
 
@@ -102,5 +119,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("port", type=int)
     parser.add_argument("--gap-ms", type=float, default=0.0)
+    parser.add_argument("--first-ms", type=float, default=0.0)
     args = parser.parse_args()
-    asyncio.run(main(args.port, args.gap_ms / 1000))
+    asyncio.run(main(args.port, args.gap_ms / 1000, args.first_ms / 1000))

@@ -131,8 +131,21 @@ def summarize(name: str, concurrency: int, result: dict[str, Any]) -> dict[str, 
     return {
         "target": name, "concurrency": concurrency, "requests": len(latencies), "errors": len(result["errors"]),
         "rps": len(latencies) / result["elapsed_s"], "p50 ms": statistics.median(latencies), "p95 ms": pct(0.95),
-        "p99 ms": pct(0.99),
+        "p99 ms": pct(0.99), "p99.9 ms": pct(0.999), "max ms": latencies[-1],
     }  # fmt: skip
+
+
+def gc_window(url: str | None) -> dict[str, Any] | None:
+    """The proxy's garbage collections since the last call (benchmarks/_proxy.py `GET /_gc`), or None."""
+    return httpx.get(url, timeout=10).json() if url else None  # type: ignore[no-any-return]
+
+
+def gc_columns(data: dict[str, Any], requests: int) -> dict[str, Any]:
+    """A row's garbage collection columns: collections per generation, full ones per 10,000 requests, the longest
+    pause (issue 31.5)."""
+    counts = data["gc"]["collections"]
+    return {"gc 0/1/2": "/".join(str(n) for n in counts), "full gc per 10k": 10_000 * counts[2] / max(requests, 1),
+            "gc longest ms": data["gc"]["longest pause ms"]}  # fmt: skip
 
 
 @dataclass
@@ -144,6 +157,7 @@ class Target:
     pids: Callable[[], list[int]] = list
     stream: bool = False
     body: Path | None = None
+    gc: str | None = None  # the proxy's `GET /_gc` (benchmarks/_proxy.py), for its garbage collection columns
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -164,16 +178,31 @@ def interleaved(targets: list[Target], levels: tuple[int, ...], requests: int, r
     rows = []
     for concurrency in levels:
         merged: dict[str, dict[str, Any]] = {
-            t.name: {"latency_ms": [], "ttfb_ms": [], "gaps_ms": [], "errors": [], "elapsed_s": 0.0, "cpu_s": 0.0}
+            t.name: {
+                "latency_ms": [],
+                "ttfb_ms": [],
+                "gaps_ms": [],
+                "errors": [],
+                "elapsed_s": 0.0,
+                "cpu_s": 0.0,
+                "gc": {"collections": [0, 0, 0], "longest pause ms": 0.0},
+            }
             for t in targets
         }
         for turn in range(rounds):
             for target in targets[turn % len(targets) :] + targets[: turn % len(targets)]:  # each leads in turn
                 before = cpu_seconds(target.pids())
+                gc_window(target.gc)  # collections from here on
                 result = load(target.url, concurrency, max(requests // rounds, 1), stream=target.stream,
                               body=target.body)  # fmt: skip
                 into = merged[target.name]
                 into["cpu_s"] += cpu_seconds(target.pids()) - before
+                collected = gc_window(target.gc)
+                if collected is not None:
+                    into["gc"] = {"collections": [a + b for a, b in zip(into["gc"]["collections"],
+                                                                        collected["collections"], strict=True)],
+                                  "longest pause ms": max(into["gc"]["longest pause ms"],
+                                                          collected["longest pause ms"])}  # fmt: skip
                 for key in ("latency_ms", "ttfb_ms", "gaps_ms", "errors"):
                     into[key] += result[key]
                 into["elapsed_s"] += result["elapsed_s"]
@@ -184,6 +213,8 @@ def interleaved(targets: list[Target], levels: tuple[int, ...], requests: int, r
             if pids:
                 row["CPU ms/req"] = 1000 * data["cpu_s"] / row["requests"]
                 row["peak RSS MB"] = round(max(peak_rss_mb(pid) for pid in pids), 1)
+            if target.gc:
+                row.update(gc_columns(data, row["requests"]))
             row["_data"] = data
             rows.append(row)
     order = [target.name for target in targets]
@@ -246,6 +277,7 @@ def main() -> None:
             ("d3router cache hit, metrics as before", ["router", "--engine", "cache", "--metrics", "old"]),
             ("d3router cache hit, metrics multi-process", ["router", "--engine", "cache"]),
             ("d3router cache hit", ["router", "--engine", "cache"]),
+            ("d3router cache hit, gc unsettled", ["router", "--engine", "cache", "--gc", "unsettled"]),
             *((name, _sessionrows.spec(name)) for name in _sessionrows.ROWS),
             ("d3router cache hit, granian", ["router", "--engine", "cache", "--server", "granian"]),
             ("responses cache hit", ["router", "--engine", "cache"]),
@@ -261,8 +293,12 @@ def main() -> None:
             proxies += [(f"baseline tree: {name}", ["router", "--engine", "cache"])
                         for name in ("d3router cache hit", "responses cache hit", "messages cache hit")]  # fmt: skip
         chosen = [
-            (name, spec) for name, spec in proxies if picked(args.only, name) or _sessionrows.base(args.only, name)
-        ]
+            (name, spec)
+            for name, spec in proxies
+            if picked(args.only, name)
+            or _sessionrows.base(args.only, name)
+            or (name == "d3router cache hit" and picked(args.only, f"{name}, gc unsettled"))
+        ]  # the unsettled row comes with the settled one it is set against
         with ExitStack() as stack:
             redis = (stack.enter_context(_sessionrows.redis_server(_pin(0)))
                      if any(_sessionrows.needs_redis(spec) for _, spec in chosen) else "")  # fmt: skip
@@ -291,8 +327,9 @@ def main() -> None:
     extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"])
     extra["peers"] = _peers.vs_d3router(rows)
     summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["sessions"], **extra["peers"]}
-    columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "added p50 ms",
-               "CPU ms/req", "peak RSS MB", "rps vs chat", "CPU vs chat", "rps vs not rewritten"]  # fmt: skip
+    columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms",
+               "max ms", "added p50 ms", "CPU ms/req", "peak RSS MB", "gc 0/1/2", "full gc per 10k", "gc longest ms",
+               "rps vs chat", "CPU vs chat", "rps vs not rewritten"]  # fmt: skip
     columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN) if any(column in row for row in rows)]
     command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
     command += " --no-engine" * args.no_engine + " --peers" * args.peers
@@ -343,7 +380,7 @@ def proxy(
 
     proc = stack.enter_context(running())
     load(url, 8, 200, stream=stream, body=body)  # warm up
-    return Target(name, url, lambda: [proc.pid], stream=stream, body=body)
+    return Target(name, url, lambda: [proc.pid], stream=stream, body=body, gc=f"http://127.0.0.1:{port}/_gc")
 
 
 def peer_targets(stack: ExitStack, peers: _peers.Peers, upstream: str, stream: bool = False) -> list[Target]:

@@ -181,3 +181,13 @@ def test_memory_benchmark_runs(tmp_path: Path) -> None:
     assert [row["target"] for row in rows] == ["bounded (defaults)", "unbounded (as before)"]  # type: ignore[index,union-attr]
     assert all(row["other"] == 0 and row["403 (decided)"] + row["503 (bounded)"] == row["clients"]
                for row in rows)  # type: ignore[index,union-attr]  # fmt: skip
+
+
+def test_overlap_benchmark_runs(tmp_path: Path) -> None:
+    """`benchmarks/overlap.py --quick` (issue 31.4): the four APIs, plain and streamed, every request answered."""
+    payload = run("benchmarks.overlap", tmp_path)
+    rows = payload["rows"]
+    assert [(row["api"], row["stream"]) for row in rows] == [  # type: ignore[index,union-attr]
+        (api, stream) for stream in (False, True) for api in ("chat", "responses", "messages", "completions")
+    ]
+    assert all(row["errors"] == 0 and row["requests"] == 8 for row in rows)  # type: ignore[index,union-attr]

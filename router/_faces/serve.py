@@ -19,7 +19,7 @@ from starlette.types import ASGIApp
 
 from policies import Config
 from router._faces.proxy import ProxyApp
-from router._observe import logs
+from router._observe import gcpauses, logs
 
 logger = logging.getLogger("router")
 T = TypeVar("T")
@@ -58,6 +58,7 @@ async def serve(
     if log_config is not None:
         logs.apply(log_config)
     app = ProxyApp(config)
+    settle_gc(app)
     policies = ", ".join(config.policies) or "none"
     logger.info("d3router: serving %s on http://%s:%d (policies: %s)", config.file, host, port, policies)
     return await serve_app(app, host, port, log_level=log_level, poll_s=poll_s, log_config=log_config)
@@ -125,7 +126,21 @@ def worker_app() -> ProxyApp:
     tracing.configure()  # each worker its own exporter (flushed when its process ends)
     app = ProxyApp(load_config(os.environ[CONFIG_ENV]))
     watch_file(app)
+    settle_gc(app)
     return app
+
+
+def settle_gc(app: ProxyApp) -> None:
+    """Once `app` has started: `gcpauses.settle()` (start-up's objects frozen out of the collector's way, fewer young
+    collections), and its garbage collection pauses recorded in its metrics until it closes (issue 31.5)."""
+
+    def settled() -> gcpauses.Pauses:
+        gcpauses.settle()
+        pauses = gcpauses.Pauses(app.service.metrics).install()
+        pauses.follow()
+        return pauses  # the app's close cancels it: recording stops
+
+    app.on_startup.append(settled)
 
 
 def watch_file(app: ProxyApp, poll_s: float = 1.0) -> None:

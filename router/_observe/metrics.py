@@ -139,6 +139,7 @@ class Metrics:
         self._answer_judgements: Counts[str] | None = None
         self.multiprocess = self._dir is not None
         self.process = ProcessCollector(registry=None)
+        self.before_render: list[Callable[[], None]] = []  # what moves values kept aside into the families
         self._shown = CollectorRegistry(auto_describe=False)
         self._shown.register(_Exposed(self))
 
@@ -193,6 +194,10 @@ class Metrics:
         """A new counter family, shown as `<name>_total` (`name` without the suffix)."""
         return Counts(Counter(name, help_text, tuple(labels), registry=self._own))
 
+    def histogram(self, name: str, help_text: str, labels: Iterable[str], buckets: Iterable[float]) -> Histogram:
+        """A new histogram family (`family.labels(value).observe(x)`)."""
+        return Histogram(name, help_text, tuple(labels), buckets=tuple(buckets), registry=self._own)
+
     def gauge(self, name: str, help_text: str) -> Gauge:
         """A new gauge without labels; with several workers, the largest value of the live ones (a state any worker
         is in, such as `d3router_redis_down`)."""
@@ -239,6 +244,8 @@ class Metrics:
         return asyncio.get_running_loop().create_task(follow(inner))
 
     def render(self) -> str:
+        for flush in self.before_render:
+            flush()
         return generate_latest(self._shown).decode()
 
     def families(self) -> list[Metric]:
