@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import re
-import zlib
 from collections.abc import Sequence
 
+from router._asgi import decoding
 from router._asgi.headers import Headers
 
 ModelPaths = Sequence[tuple[str, ...]]  # e.g. (("model",), ("message", "model")): the keys leading to the model
@@ -164,21 +164,14 @@ def _event_end(data: bytes, at: int) -> int:
 
 
 def decoded(body: bytes, headers: Headers) -> tuple[bytes, Headers] | None:
-    """A gzip or deflate body decoded, its `content-encoding` dropped; None for any other encoding (the answer then
-    passes as it came). A body without an encoding is returned as it is."""
-    encodings = [v.strip().lower() for k, v in headers if k.lower() == b"content-encoding"]
-    if not encodings or encodings == [b"identity"]:
+    """A gzip or deflate body decoded (router/_asgi/decoding.py), its `content-encoding` dropped; None for any other
+    encoding or broken bytes (the answer then passes as it came). A body without an encoding is returned as it is."""
+    encodings = b", ".join(v.strip().lower() for k, v in headers if k.lower() == b"content-encoding")
+    if encodings in (b"", b"identity"):
         return body, headers
-    if encodings not in ([b"gzip"], [b"deflate"]):
+    plain = decoding.decoded(body, encodings.decode("latin-1"))
+    if plain is None:
         return None
-    try:
-        wbits = 31 if encodings == [b"gzip"] else 15
-        plain = zlib.decompress(body, wbits)
-    except zlib.error:
-        try:  # deflate as some servers send it: raw, without zlib's header
-            plain = zlib.decompress(body, -15)
-        except zlib.error:
-            return None
     return plain, [(k, v) for k, v in headers if k.lower() != b"content-encoding"]
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gzip
 import logging
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -24,6 +22,7 @@ from d3backend import EngineError
 from policies import AnswerGuard, AnswerVerdict, Block, Replace
 from router._apis.answers import Answered, Call, read_answer, replacement
 from router._asgi.answer import Rename
+from router._asgi.answer import decoded as decoded_answer
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers, encode_headers
 from router._asgi.relay import UpstreamBroke
 from router._decision.record import D3Decision
@@ -310,18 +309,10 @@ class Judging:
 
 
 def decoded(raw: bytes, headers: Headers) -> bytes:
-    """`raw` decoded as its content-encoding says (gzip, deflate, identity); any other coding is refused (502): the
-    guard must read what the client would."""
-    codings = [v.decode("latin-1").strip().lower() for k, v in headers if k.lower() == b"content-encoding"]
-    for coding in reversed([c.strip() for value in codings for c in value.split(",") if c.strip()]):
-        try:
-            if coding in ("gzip", "x-gzip"):
-                raw = gzip.decompress(raw)
-            elif coding == "deflate":
-                raw = zlib.decompress(raw)
-            elif coding != "identity":
-                raise UpstreamFailed(f"the answer's content-encoding {coding!r} cannot be judged; send it as gzip, "
-                                     "deflate or uncoded", status=502)  # fmt: skip
-        except (OSError, EOFError, zlib.error) as exc:
-            raise UpstreamFailed(f"the answer's {coding} encoding is broken", status=502) from exc
-    return raw
+    """`raw` decoded as its content-encoding says (gzip, deflate, identity: router/_asgi/answer.py); any other coding,
+    or broken bytes, is refused (502): the guard must read what the client would."""
+    plain = decoded_answer(raw, headers)
+    if plain is None:
+        raise UpstreamFailed("the answer's content-encoding cannot be judged (only gzip, deflate or none) or its "
+                             "bytes are broken", status=502)  # fmt: skip
+    return plain[0]
