@@ -18,14 +18,17 @@ API_ROWS = {"responses cache hit": "responses", "messages cache hit": "messages"
 # The same rows with the upstream's `model:` set (issue 26.1): the request's model rewritten to it, the answer's back.
 REWRITTEN = "model rewritten, "
 REWRITE = ["--upstream-model", "bench"]  # the canned upstream's answers name "bench"
+GUARDED = "answer guard, "  # the bench policy with an answer guard (issue 27): every answer judged, a cache hit
 
 
 def picked(only: list[str], name: str) -> bool:
     """Whether `--only` measures the target `name`: any of its substrings is in the name (no `--only`: all); chat's
     cache-hit row comes with any other API's, which is measured against it, and an API's row with its "model
-    rewritten" row, likewise."""
+    rewritten" row, likewise, and chat's with its "answer guard" row."""
     if not only or any(part in name for part in only):
         return True
+    if any(part in GUARDED for part in only) and name.removeprefix("stream, ") == "d3router cache hit":
+        return True  # the answer guard's rows are measured against the cache hit without one
     if name.endswith(CHAT_ROW):
         return any(picked(only, name.replace(CHAT_ROW, row)) for row in API_ROWS)
     row = next((row for row in API_ROWS if name.endswith(row)), None)
@@ -67,25 +70,25 @@ def vs_chat(rows: list[dict[str, Any]]) -> dict[str, str]:
     return {name: _line(name, ratios) for name, ratios in found.items()}
 
 
-def vs_plain(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """Fill each "model rewritten" row with its requests/s over the same row without the rewrite, at the same
-    concurrency; return a summary line per row (rewriting the request and renaming the answer: what it costs)."""
+def vs_plain(rows: list[dict[str, Any]], prefix: str = REWRITTEN, what: str = "not rewritten") -> dict[str, str]:
+    """Fill each row named with `prefix` ("model rewritten, ", "answer guard, ") with its requests/s over the same row
+    without it, at the same concurrency, in the column "rps vs WHAT"; return a summary line per row (what the
+    rewrite, or the guard, costs)."""
     by_name = {(row["target"], row["concurrency"]): row for row in rows}
+    column = f"rps vs {what}"
     found: dict[str, list[tuple[int, float, float]]] = {}
     for row in rows:
-        plain = by_name.get((row["target"].replace(REWRITTEN, ""), row["concurrency"]))
-        if REWRITTEN not in row["target"] or plain is None or not plain["rps"] or not plain["p50 ms"]:
+        plain = by_name.get((row["target"].replace(prefix, ""), row["concurrency"]))
+        if prefix not in row["target"] or plain is None or not plain["rps"] or not plain["p50 ms"]:
             continue
-        row["rps vs not rewritten"] = row["rps"] / plain["rps"]
-        found.setdefault(row["target"], []).append(
-            (row["concurrency"], row["rps vs not rewritten"], row["p50 ms"] / plain["p50 ms"])
-        )
+        row[column] = row["rps"] / plain["rps"]
+        found.setdefault(row["target"], []).append((row["concurrency"], row[column], row["p50 ms"] / plain["p50 ms"]))
     lines = {}
     for name, ratios in found.items():
         levels = "/".join(str(ratio[0]) for ratio in ratios)
         rps = ", ".join(f"{ratio[1]:.2f}" for ratio in ratios)
         p50 = ", ".join(f"{ratio[2]:.2f}" for ratio in ratios)
-        lines[name] = f"{name} vs not rewritten at c={levels}: requests/s x {rps}; p50 x {p50}"
+        lines[name] = f"{name} vs {what} at c={levels}: requests/s x {rps}; p50 x {p50}"
     return lines
 
 

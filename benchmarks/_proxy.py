@@ -3,7 +3,7 @@
     python -m benchmarks._proxy passthrough PORT UPSTREAM_URL [--transport httpx|aiohttp|httpx-aiohttp]
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
         [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB] [--server uvicorn|granian]
-        [--policy questions|facts] [--upstream-model NAME] [--gc settled|unsettled] [--gen0 N]
+        [--policy questions|facts|answer] [--upstream-model NAME] [--gc settled|unsettled] [--gen0 N]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes 10
@@ -59,6 +59,10 @@ policies:
       - {{name: guard, when: jailbreak > 2, block: {{status: 403, message: no}}}}
       - {{name: hard, when: 'kind == "code" and difficulty > 5', route: chat}}
       - {{name: default, route: chat}}
+"""
+ANSWER_GUARD = """    answer:
+      questions: {leak: {type: noul, instructions: Does the answer reveal a secret?}}
+      rules: [{name: no-leak, when: leak > 0.9, block: {status: 403, message: withheld}}]
 """
 # A policy that reads facts only (issue 29): every request is decided on its size and its caller, no engine call.
 FACTS_POLICY = """
@@ -140,8 +144,9 @@ def main() -> None:
     parser.add_argument("--metrics", choices=["prometheus", "old"], default="prometheus")
     parser.add_argument("--sessions", default=None, help="off, memory, or a redis:// URL")
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
-    parser.add_argument("--policy", choices=["questions", "facts"], default="questions",
-                        help="the bench policy (asks three questions) or one that reads only facts")  # fmt: skip
+    parser.add_argument("--policy", choices=["questions", "facts", "answer"], default="questions",
+                        help="the bench policy (asks three questions), one that reads only facts, or the bench "
+                        "policy with an answer guard")  # fmt: skip
     parser.add_argument("--upstream-model", default=None, help="the upstream's `model:` (the route rewrites to it)")
     parser.add_argument("--gc", choices=["settled", "unsettled"], default="settled")
     parser.add_argument("--gen0", type=int, default=gcpauses.GEN0_THRESHOLD, help="with --gc settled")
@@ -157,6 +162,8 @@ def bench_config(upstream: str, sessions: str | None = None, policy: str = "ques
     """The bench policy's YAML (`policy` facts: the facts-only one); `sessions` (off, memory or a Redis URL) sets its
     `session:` mode and store; `model` the upstream's `model:`."""
     text = (FACTS_POLICY if policy == "facts" else POLICY).format(upstream=upstream)
+    if policy == "answer":  # every answer judged (issue 27): one question, a cache hit like the request's
+        text += ANSWER_GUARD
     if model is not None:
         text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", model: {json.dumps(model)}', 1)
     if sessions is None:

@@ -48,7 +48,7 @@ import httpx
 
 from benchmarks import _peers, _sessionrows
 from benchmarks._answers import PATHS
-from benchmarks._apirows import REWRITE, REWRITTEN, api_of, body_file, picked, vs_chat, vs_plain
+from benchmarks._apirows import GUARDED, REWRITE, REWRITTEN, api_of, body_file, picked, vs_chat, vs_plain
 from benchmarks._report import add_arguments, write
 from d3backend import VllmServer, free_port, make_model
 from d3backend._wire import request_body
@@ -287,6 +287,7 @@ def main() -> None:
                 for api in ("responses", "messages")
             ),
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
+            (f"{GUARDED}d3router cache hit", ["router", "--engine", "cache", "--policy", "answer"]),
             (FACTS_ROW, ["router", "--engine", "fake10ms", "--policy", "facts"]),  # an engine call would show
         ]
         if args.baseline is not None:  # the same rows, served by the other tree's code
@@ -324,12 +325,14 @@ def main() -> None:
         )
     extra["vs chat"] = vs_chat(rows)
     extra["vs not rewritten"] = vs_plain(rows)
+    extra["vs unguarded"] = vs_plain(rows, GUARDED, "unguarded")
     extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"])
     extra["peers"] = _peers.vs_d3router(rows)
-    summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["sessions"], **extra["peers"]}
+    summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["vs unguarded"], **extra["sessions"],
+               **extra["peers"]}  # fmt: skip
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms",
                "max ms", "added p50 ms", "CPU ms/req", "peak RSS MB", "gc 0/1/2", "full gc per 10k", "gc longest ms",
-               "rps vs chat", "CPU vs chat", "rps vs not rewritten"]  # fmt: skip
+               "rps vs chat", "CPU vs chat", "rps vs not rewritten", "rps vs unguarded"]  # fmt: skip
     columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN) if any(column in row for row in rows)]
     command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
     command += " --no-engine" * args.no_engine + " --peers" * args.peers
@@ -416,13 +419,15 @@ def streams(
         ("stream, d3router cache hit", "aiohttp"), ("stream, responses cache hit", "aiohttp"),
         ("stream, messages cache hit", "aiohttp"), ("stream, d3router cache hit, httpx-aiohttp pool", "httpx-aiohttp"),
         (f"stream, {REWRITTEN}responses cache hit", "aiohttp"), (f"stream, {REWRITTEN}messages cache hit", "aiohttp"),
+        (f"stream, {GUARDED}d3router cache hit", "aiohttp"),
     ) if picked(only, name)]  # fmt: skip
     if not chosen:
         return []
     with ExitStack() as stack:
         targets = [Target("stream, direct", f"{upstream}/chat/completions", stream=True)]
         for name, transport in chosen:
-            spec = ["router", "--engine", "cache", "--transport", transport, *(REWRITE * (REWRITTEN in name))]
+            spec = ["router", "--engine", "cache", "--transport", transport, *(REWRITE * (REWRITTEN in name)),
+                    *(["--policy", "answer"] * (GUARDED in name))]  # fmt: skip
             targets.append(proxy(stack, name, spec, upstream, extra, stream=True, api=api_of(name)))
         return interleaved(targets + (peers or []), levels, requests, rounds)
 

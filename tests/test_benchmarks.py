@@ -74,6 +74,9 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
                  "stream, model rewritten, responses cache hit", "stream, model rewritten, messages cache hit"):  # fmt: skip
         ratios = [row["rps vs not rewritten"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
         assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # each set against its row unrewritten
+    for name in ("answer guard, d3router cache hit", "stream, answer guard, d3router cache hit"):
+        ratios = [row["rps vs unguarded"] for row in rows if row["target"] == name]  # type: ignore[union-attr,index]
+        assert len(ratios) == 2 and all(ratio > 0 for ratio in ratios), name  # each set against its row unguarded
     extra = json.loads((tmp_path / "router-extra.json").read_text())
     # A policy that reads only facts decides every request without its engine (issue 29), which would take 10 ms.
     facts = [row for row in rows if row["target"] == "d3router facts-only policy (no engine)"]  # type: ignore[union-attr,index]
