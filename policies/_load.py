@@ -274,7 +274,7 @@ class _Compiler:
 
     def action(self, spec: ActionSpec, path: Path) -> Route | Block | None:
         if spec.block is not None:
-            return Block(spec.block.status, spec.block.message)
+            return Block(spec.block.status, spec.block.message, spec.block.as_answer)
         if spec.route is None:
             return None
         upstreams = (spec.route,) if isinstance(spec.route, str) else tuple(spec.route)

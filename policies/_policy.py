@@ -43,6 +43,7 @@ class Block:
 
     status: int
     message: str
+    as_answer: bool = False  # answered as the model would: a normal assistant answer saying `message`
     kind: Literal["block"] = field(default="block", init=False)
 
 

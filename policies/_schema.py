@@ -265,6 +265,12 @@ class BlockSpec(Strict):
 
     status: int = Field(403, ge=400, le=499, description="A 4xx status.")
     message: str = Field("Refused by policy.", min_length=1, description="The error's message.")
+    as_answer: bool = Field(
+        False,
+        description="Answer as the model would instead of an error: a normal assistant answer saying `message` "
+        "(status 200, streamed when the request streams, with a stop reason), which coding agents show once and end "
+        "their turn on, never retrying. The response's x-d3-action still says block.",
+    )
 
 
 class EngineErrorBlockSpec(BlockSpec):

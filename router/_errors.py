@@ -64,9 +64,15 @@ class ModelNotFound(BadRequest):
 
 
 class Blocked(RequestError):
-    """A rule blocked the request: its status and message, the rule's name as the code."""
+    """A rule blocked the request: its status and message, the rule's name as the code; `as_answer`: answered as the
+    model would (a normal assistant answer saying the message, 200), not as an error (issue 26.2)."""
 
     status_default = 403
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None, as_answer: bool = False
+                 ) -> None:  # fmt: skip
+        super().__init__(message, status=status, code=code)
+        self.as_answer = as_answer
 
 
 class UpstreamFailed(RequestError):

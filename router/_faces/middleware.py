@@ -130,7 +130,12 @@ class D3RouterMiddleware:
                                                     caller_facts=request.caller.facts)  # fmt: skip
         action = d3.decision.action
         if isinstance(action, Block):
-            raise Blocked(action.message, status=action.status, code=d3.decision.rule if request.debug else None)
+            raise Blocked(
+                action.message,
+                status=action.status,
+                code=d3.decision.rule if request.debug else None,
+                as_answer=action.as_answer,
+            )
         request.scope.setdefault("state", {})["d3"] = d3
         headers = encode_headers(d3.headers(full=request.debug))
         replaced = {name for name, _ in headers}

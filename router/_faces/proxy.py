@@ -208,9 +208,14 @@ class ProxyApp(Lifecycle):
         logs.noted(logs.current(), d3)
         action = d3.decision.action
         if isinstance(action, Block):
-            metrics.request(policy.name, d3.decision.rule, "block", action.status)
+            metrics.request(policy.name, d3.decision.rule, "block", 200 if action.as_answer else action.status)
             # Its message, never its scores; the rule's name only to a caller allowed to debug (issue 25.4).
-            raise Blocked(action.message, status=action.status, code=d3.decision.rule if request.debug else None)
+            raise Blocked(
+                action.message,
+                status=action.status,
+                code=d3.decision.rule if request.debug else None,
+                as_answer=action.as_answer,
+            )
         await cancel_on_disconnect(request.receive, lambda: self._route(request, d3, action.upstreams))
 
     async def _route(self, request: Decided, d3: D3Decision, upstreams: tuple[str, ...]) -> None:

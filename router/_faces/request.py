@@ -18,13 +18,14 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from policies import Config, Policy
+from router._apis.answers import replacement
 from router._apis.chat import Api
 from router._asgi.headers import Headers, header
-from router._asgi.messages import send_json
+from router._asgi.messages import send_bytes, send_json
 from router._decision.pick import policy_for
 from router._decision.record import D3Decision
 from router._decision.service import Snapshot
-from router._errors import ModelNotFound, RequestError, answer
+from router._errors import Blocked, ModelNotFound, RequestError, answer
 from router._faces.auth import Caller
 from router._observe.tracing import NO_SPAN, NoSpan, Span
 from router._sessions.session import SessionTurn
@@ -76,7 +77,16 @@ class Decided:
         return None if value is None else value.decode("latin-1")
 
     async def fail(self, exc: RequestError, headers: Headers | None = None) -> None:
-        """Answer `exc` in the request's API shape, with `headers` (the decision's) before the error's own."""
+        """Answer `exc` in the request's API shape, with `headers` (the decision's) before the error's own; a block
+        `as_answer` as the model would answer (router/_apis/answers.py `replacement`), streamed if the request is."""
+        if isinstance(exc, Blocked) and exc.as_answer:
+            model = self.body.get("model")
+            streamed = self.body.get("stream") is True
+            body, kind = replacement(
+                self.api.name, exc.message, model if isinstance(model, str) else "", streamed=streamed
+            )
+            await send_bytes(self.send, 200, body, list(headers or ()), kind)
+            return
         status, body, extra = answer(exc, self.api)
         await send_json(self.send, status, body, [*(headers or ()), *extra])
 

@@ -3,7 +3,7 @@ block shown once, an instruction injected in a file refused, and a sub-agent tha
 
 from __future__ import annotations
 
-from tests.agents._scripted import INJECTION, SIGNATURE
+from tests.agents._scripted import INJECTION, QUIET, SIGNATURE
 from tests.agents.conftest import Stack, cli, requests_by_action, run
 
 
@@ -81,3 +81,10 @@ def test_a_destructive_tool_call_is_refused_and_never_run(stack: Stack) -> None:
     assert "That command was refused." in out
     assert victim.read_text() == "keep me\n"
     assert any("rm -f" in state for state in stack.engine.server.judged)  # type: ignore[attr-defined]
+
+
+def test_a_block_as_answer_is_shown_as_the_assistants_answer_once(stack: Stack) -> None:
+    out = claude(stack, f"{QUIET} please")
+    assert "I cannot share the vault code." in out
+    assert stack.upstream.generations() == []
+    assert requests_by_action(stack) == {"block": 1}  # one request: an answer, nothing to retry

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.agents import _scripted
-from tests.agents._scripted import INJECTION
+from tests.agents._scripted import INJECTION, QUIET
 from tests.agents.conftest import Stack, cli, requests_by_action, run
 
 
@@ -86,3 +86,10 @@ def test_a_destructive_tool_call_is_refused_and_never_run(stack: Stack) -> None:
     assert "That command was refused." in out
     assert victim.read_text() == "keep me\n"
     assert any("rm -f" in state for state in stack.engine.server.judged)  # type: ignore[attr-defined]
+
+
+def test_a_block_as_answer_is_shown_as_the_assistants_answer_once(stack: Stack) -> None:
+    out = codex(stack, f"{QUIET} please")
+    assert "I cannot share the vault code." in out
+    assert stack.upstream.generations() == []
+    assert requests_by_action(stack) == {"block": 1}  # one request: an answer, nothing to retry
