@@ -210,7 +210,8 @@ class SessionTurn:
                 mark = f"#{root}"
         if previous is None:
             outcome, upstreams = "new", action.upstreams
-        elif settings.mode == "escalate" and not self._tool_turn() and self._tier(action) > self._tier(previous):
+        elif (settings.mode == "escalate" and not self._tool_turn() and not self._holds_reasoning()
+              and self._tier(action) > self._tier(previous)):  # fmt: skip
             outcome, upstreams = "escalated", action.upstreams
         else:
             outcome, upstreams = "sticky", previous
@@ -252,6 +253,27 @@ class SessionTurn:
         if self.source in NAMED:
             return False
         return not any(turn.role in ("assistant", "tool") for turn in self.turns())
+
+    def _holds_reasoning(self) -> bool:
+        """The conversation carries the model's own signed reasoning (Anthropic `thinking` / `redacted_thinking`
+        blocks, Responses `reasoning` items): only the upstream that made it can read it back, so the session is
+        never moved off it, escalation included (issue 26.1)."""
+        items = self.body.get("messages") if "messages" in self.body else self.body.get("input")
+        for item in items if isinstance(items, list) else ():
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "reasoning":
+                return True
+            content = item.get("content")
+            if (
+                item.get("role") == "assistant"
+                and isinstance(content, list)
+                and any(
+                    isinstance(part, dict) and part.get("type") in ("thinking", "redacted_thinking") for part in content
+                )
+            ):
+                return True
+        return False
 
     def _tool_turn(self) -> bool:
         """The last message is a tool result: the agent's step goes on where it started."""

@@ -164,6 +164,27 @@ async def test_escalate_moves_up_and_never_down(client: httpx.AsyncClient) -> No
     assert seen(await talk.say("seven")) == ("large", "sticky")  # already the strongest: no second escalation
 
 
+@pytest.mark.parametrize("reasoning", ["thinking", "redacted_thinking", None])
+async def test_a_session_holding_the_models_reasoning_never_escalates(client: httpx.AsyncClient,
+                                                                      reasoning: str | None) -> None:  # fmt: skip
+    """Signed reasoning comes back only to the upstream that made it (issue 26.1): a conversation that holds it stays
+    where it is, though the turn reads as hard; without it, the same turn escalates."""
+    headers = {"x-session-id": f"think-{reasoning}"}
+    FORCED["hard"] = 0.1
+    opening = [{"role": "user", "content": "one"}]
+    first = await client.post("/v1/messages", json={"model": "climb", "max_tokens": 8, "messages": opening},
+                              headers=headers)  # fmt: skip
+    assert seen(first) == ("small", "new")
+    said: list[dict[str, Any]] = [{"type": "text", "text": "an answer"}]
+    if reasoning is not None:
+        said.insert(0, {"type": reasoning, "thinking": "...", "signature": "c2ln", "data": "ZGF0YQ=="})
+    history = [*opening, {"role": "assistant", "content": said}, {"role": "user", "content": "two"}]
+    FORCED["hard"] = 0.9
+    second = await client.post("/v1/messages", json={"model": "climb", "max_tokens": 8, "messages": history},
+                               headers=headers)  # fmt: skip
+    assert seen(second) == (("large", "escalated") if reasoning is None else ("small", "sticky"))
+
+
 def tool_turn(messages: list[dict[str, Any]], result: str) -> list[dict[str, Any]]:
     call = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.c"}'}}
     return [*messages, {"role": "assistant", "content": None, "tool_calls": [call]},
