@@ -17,52 +17,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
-import hmac
-import json
 import logging
 import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qs
 
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from d3backend import CachedEngine, DecisionEngine, json_bytes
+from d3backend import DecisionEngine
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
-from router._apis.chat import CHAT, Api
-from router._apis.registry import API_BY_PATH, APIS, detect, error_api
+from router._apis.chat import Api
+from router._apis.registry import API_BY_PATH, APIS, error_api
 from router._asgi.admission import FULL, Admission
 from router._asgi.answer import renaming
 from router._asgi.decoding import readable_accept_encoding
-from router._asgi.headers import Headers, content_length, encode_headers, header
-from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body, send_bytes, send_json
+from router._asgi.headers import Headers, content_length, encode_headers
+from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.engines import Environ
 from router._decision.record import D3Decision
 from router._errors import (
     BadRequest,
     Blocked,
-    Forbidden,
     ModelNotFound,
     NoRoute,
     Overloaded,
     RequestError,
     Unauthorized,
     UpstreamFailed,
-    answer,
 )
 from router._faces.auth import Access, Caller
 from router._faces.counting import count_routes
 from router._faces.decisions import serve_decisions, serve_systemone
+from router._faces.endpoints import Endpoints, send_failure
 from router._faces.forward import Failure, Forwarder, allowed, decided_path, unsafe_path
 from router._faces.guarded import relay_judged
-from router._faces.lifecycle import Generation, Lifecycle
+from router._faces.lifecycle import Generation
 from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
 from router._faces.request import Decided, available
@@ -74,10 +69,9 @@ UNLIMITED = frozenset({"/healthz", "/readyz", "/metrics"})  # probes and scrapes
 Handler = Callable[[Scope, Receive, Send, Caller], Awaitable[None]]
 PUBLIC = frozenset({"/healthz", "/readyz"})  # answered to anyone: a load balancer has no key
 OWN_TOKEN = frozenset({"/metrics", "/admin/reload"})  # their own tokens (server.metrics_token_env, admin_token_env)
-ADMIN = Caller("admin", "admin", debug=True)  # explain with the admin token
 
 
-class ProxyApp(Lifecycle):
+class ProxyApp(Endpoints):
     """The ASGI app. Its lifespan starts the engine and closes it and the upstream transport."""
 
     def __init__(
@@ -144,7 +138,7 @@ class ProxyApp(Lifecycle):
                 except RequestError as exc:
                     if isinstance(exc, Unauthorized):
                         self.service.metrics.request("-", "-", "unauthorized", exc.status)
-                    await _fail(send, exc, error_api(path, scope["headers"]))
+                    await send_failure(send, exc, error_api(path, scope["headers"]))
                     return
                 if info is not None:
                     info.caller = caller.id
@@ -153,7 +147,7 @@ class ProxyApp(Lifecycle):
                 if ticket is None:  # the refusal in the API's own shape; the body read and dropped, nothing kept
                     self.service.metrics.request("-", "-", "overloaded", 503)
                     await drain(receive, self.config.server.max_body_bytes)
-                    await _fail(send, Overloaded(FULL), error_api(path, scope["headers"]))
+                    await send_failure(send, Overloaded(FULL), error_api(path, scope["headers"]))
                     return
             with ticket or contextlib.nullcontext():
                 if handler is not None:
@@ -161,11 +155,11 @@ class ProxyApp(Lifecycle):
                 elif path.startswith("/v1/"):
                     await self.passthrough(scope, receive, send, caller)
                 else:
-                    await _fail(send, NoRoute(f"no route for {scope['method']} {path}"))
+                    await send_failure(send, NoRoute(f"no route for {scope['method']} {path}"))
         except ClientDisconnected:
             pass  # gone while sending its body: nothing was started, nothing to answer
         except RequestError as exc:  # raised before any answer started (explain's body over the memory bound)
-            await _fail(send, exc)
+            await send_failure(send, exc)
         finally:
             generation.leave()
             logs.end(info, token)
@@ -324,106 +318,7 @@ class ProxyApp(Lifecycle):
                 failure = (502, str(exc))
         await request.fail(UpstreamFailed(failure[1], status=failure[0]), extra)
 
-    # --- the other endpoints -------------------------------------------------------------------------------------
-    async def models(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        """The models this caller may send (its key's policies, and undecided), in the shape its API lists them."""
-        api = error_api(scope["path"], scope["headers"])
-        await send_json(send, 200, api.model_list(available(self.config, caller), int(time.time())))
-
-    async def explain(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        """A dry run for a body of any decided API (`?api=chat|completions|responses|messages`, else guessed from
-        its fields): state, questions, answers and rule trace; no upstream is called. It tells what a guard
-        answers, so it needs a key with `debug` or the admin token (issue 25.4); the session it shows is the
-        caller's own."""
-        try:
-            if not caller.debug:
-                raise Forbidden("explain needs a key with `debug` (server.auth) or the admin token in "
-                                "x-d3-admin-token (server.admin_token_env)")  # fmt: skip
-            _, body = await read_request(scope, receive, self.config.server.max_body_bytes)
-            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-            api = detect(body, (query.get("api") or [None])[0])
-            if isinstance(body.get("model"), str) and not caller.may_use(body["model"]):
-                raise ModelNotFound(f"the model {body['model']!r} does not exist or this key may not use it")
-            turn = self.sessions.turn(api, scope["headers"], body, self.config, caller=caller.id, dry=True)
-            payload = await self.service.explain(body, api, after=turn.route, caller=caller.id,
-                                                 caller_facts=caller.facts)  # fmt: skip
-        except RequestError as exc:
-            await _fail(send, exc)
-            return
-        await send_json(send, 200, json_bytes(payload))
-
-    def _explainer(self, scope: Scope) -> Caller:
-        """Explain with the admin token: as the caller the request's credential names (its sessions), allowed to
-        see everything; with keys on and no known key, as the admin."""
-        try:
-            return dataclasses.replace(self.access.caller(scope["headers"]), debug=True, policies=None)
-        except Unauthorized:
-            return ADMIN
-
-    def _admin(self, scope: Scope, name: bytes = b"authorization") -> bool:
-        """Whether the request carries the admin token (server.admin_token_env) in header `name`."""
-        return _token_matches(scope, self.environ.get(self.config.server.admin_token_env or "", ""), name)
-
-    async def healthz(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        await send_json(send, 200, b'{"status":"ok"}')
-
-    async def readyz(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        """Ready while the engine answers, from the last probe: the engine is probed at most once per
-        server.readyz_interval_s, whatever the rate of calls (a probe flood is no engine flood, issue 25.4); calls
-        while a probe runs answer from the one before. Not ready while draining, whatever the engine says."""
-        if self.draining:
-            await send_json(send, 503, b'{"status":"not ready","reason":"draining: the router is shutting down"}')
-            return
-        now = self.clock()
-        due = self._probed_at is None or now - self._probed_at >= self.config.server.readyz_interval_s
-        if due and not self._probing:
-            self._probing, self._probed_at = True, now
-            try:
-                await self.check_engine()
-            finally:
-                self._probing = False
-        if self.ready:
-            await send_json(send, 200, b'{"status":"ready"}')
-        else:
-            body = json.dumps({"status": "not ready", "reason": self.ready_error})
-            await send_json(send, 503, body.encode())
-
-    async def metrics(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        env = self.config.server.metrics_token_env
-        if env is not None and not _token_matches(scope, self.environ.get(env, "")):
-            await _fail(send, Forbidden("/metrics needs its token (server.metrics_token_env) as a Bearer key"))
-            return
-        engine = self.service.engine
-        if isinstance(engine, CachedEngine):
-            self.service.metrics.cache_entries = engine.stats.size
-        self.service.metrics.engine_pool(engine)
-        await send_bytes(send, 200, self.service.metrics.render().encode(), [], b"text/plain; version=0.0.4")
-
-    async def admin_reload(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        if not self._admin(scope):
-            await _fail(send, Forbidden("reload needs the admin token (server.admin_token_env)"))
-            return
-        done = await self.areload()
-        result: dict[str, Any] = {"reloaded": done.ok, "message": done.message}
-        if done.restart:
-            result["restart_needed"] = list(done.restart)
-        await send_json(send, 200 if done.ok else 422, json.dumps(result).encode())
-
 
 def create_app(config: Config, **kwargs: Any) -> ProxyApp:
     """The proxy app for `config`; see `ProxyApp` for the keyword arguments."""
     return ProxyApp(config, **kwargs)
-
-
-async def _fail(send: Send, exc: RequestError, api: Api = CHAT) -> None:
-    """An error on a path of no client API, in the OpenAI shape (the house default), or in `api`'s."""
-    status, body, headers = answer(exc, api)
-    await send_json(send, status, body, headers)
-
-
-def _token_matches(scope: Scope, token: str, name: bytes = b"authorization") -> bool:
-    """Whether header `name` carries `token` (as `Bearer TOKEN` in Authorization); never with no token set. Compared
-    in constant time: no timing hint of the token."""
-    value = (header(scope["headers"], name) or b"").decode("latin-1").strip()
-    given = value.removeprefix("Bearer ").strip() if name == b"authorization" else value
-    return bool(token) and hmac.compare_digest(given.encode("utf-8", "replace"), token.encode("utf-8", "replace"))
