@@ -109,13 +109,18 @@ def with_task_count(app: Any) -> Any:
     return wrapped
 
 
+# The fake's answers; it keeps no record of its calls (`Counting` counts them): a record of every call was the
+# soak's RSS growth, about 240 bytes a request (issue 24, docs/operations.md).
+ANSWERS = {"kind": "chat", "jailbreak": 0.1, "difficulty": 1}
+
+
 def engine_for(spec: str) -> DecisionEngine:
     if spec == "cache":
-        return CachedEngine(Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1})))
+        return CachedEngine(Counting(FakeEngine(ANSWERS, keep_calls=0)))
     if spec == "fake":
-        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}))
+        return Counting(FakeEngine(ANSWERS, keep_calls=0))
     if spec == "fake10ms":
-        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=0.010))
+        return Counting(FakeEngine(ANSWERS, delay_s=0.010, keep_calls=0))
     return Counting(RemoteEngine([spec], timeout_s=30.0))
 
 
