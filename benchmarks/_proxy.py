@@ -123,14 +123,19 @@ def with_task_count(app: Any, pauses: gcpauses.Pauses | None = None) -> Any:
     return wrapped
 
 
+# The fake's answers; it keeps no record of its calls (`Counting` counts them): a record of every call was the
+# soak's RSS growth, about 240 bytes a request (issue 24, docs/operations.md).
+ANSWERS = {"kind": "chat", "jailbreak": 0.1, "difficulty": 1}
+
+
 def engine_for(spec: str) -> DecisionEngine:
     if spec == "cache":
-        return CachedEngine(Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1})))
+        return CachedEngine(Counting(FakeEngine(ANSWERS, keep_calls=0)))
     if spec == "fake":
-        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}))
+        return Counting(FakeEngine(ANSWERS, keep_calls=0))
     if spec.startswith("fake") and spec.endswith("ms"):  # fake10ms, fake40ms: a fake engine taking that long
         delay_s = float(spec.removeprefix("fake").removesuffix("ms")) / 1000
-        return Counting(FakeEngine({"kind": "chat", "jailbreak": 0.1, "difficulty": 1}, delay_s=delay_s))
+        return Counting(FakeEngine(ANSWERS, delay_s=delay_s, keep_calls=0))
     return Counting(RemoteEngine([spec], timeout_s=30.0))
 
 

@@ -2,7 +2,10 @@
 
     engine = FakeEngine({"jailbreak": 0.97, "kind": "code"}, delay_s=0.01)
 
-Values use `answer_from`'s shorthand. A question the table does not name gets a neutral answer: a choice's first
+Each call is recorded in `calls` (the state and what was asked); `keep_calls=N` keeps only the last N, for a fake
+serving a long run (the soak's router, `benchmarks/_proxy.py`): kept whole, the record held every request's state,
+about 240 bytes a request, and was the soak's RSS growth (docs/operations.md, Load). Values use `answer_from`'s
+shorthand. A question the table does not name gets a neutral answer: a choice's first
 option, a noul's "no", a score's first level. `answers` may also be a function of the state and the questions.
 """
 
@@ -31,11 +34,13 @@ class FakeEngine(Closing):
         delay_s: float = 0.0,
         error: EngineError | None = None,
         model: str = "fake",
+        keep_calls: int | None = None,
     ) -> None:
         self.answers = answers or {}
         self.delay_s = delay_s
         self.error = error
         self.model = model
+        self.keep_calls = keep_calls
         self.calls: list[tuple[JSONValue, tuple[str, ...], tuple[str, ...], tuple[str, ...]]] = []
         self.closed = False
 
@@ -47,7 +52,10 @@ class FakeEngine(Closing):
         images: Sequence[str] = (),
         videos: Sequence[str] = (),
     ) -> Decided:
-        self.calls.append((state, tuple(questions), tuple(images), tuple(videos)))
+        if self.keep_calls != 0:
+            self.calls.append((state, tuple(questions), tuple(images), tuple(videos)))
+            if self.keep_calls is not None and len(self.calls) > self.keep_calls:
+                del self.calls[0]
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.error is not None:

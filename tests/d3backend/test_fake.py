@@ -27,3 +27,15 @@ async def test_answers_from_a_function_and_errors() -> None:
     engine.error = EngineTimeout("slow")
     with pytest.raises(EngineTimeout):
         await engine.decide("x", QUESTIONS)
+
+
+async def test_keep_calls_bounds_the_record() -> None:
+    """A fake serving a long run keeps only its last `keep_calls` calls (issue 24: the whole record was the soak's
+    RSS growth); without it every call is kept, as the tests read them."""
+    kept, none, whole = FakeEngine(keep_calls=3), FakeEngine(keep_calls=0), FakeEngine()
+    for n in range(1000):
+        for engine in (kept, none, whole):
+            await engine.decide(f"state {n}", QUESTIONS)
+    assert [call[0] for call in kept.calls] == ["state 997", "state 998", "state 999"]
+    assert none.calls == []
+    assert len(whole.calls) == 1000
