@@ -111,3 +111,13 @@ async def test_the_example_policies_decide_the_same_through_a_pool_whose_first_e
         assert (got.rule, got.action) == (expected.rule, expected.action), case.name
         checked += 1
     assert checked, f"{path.name}: no case answered every question"
+
+
+def test_check_summarizes_the_pool_in_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from router._cli.main import main
+
+    file = tmp_path / "pool.yaml"
+    file.write_text(CONFIG, encoding="utf-8")
+    assert main(["check", str(file)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == "  engine: pool d3 (remote), then decisions (decisions) (cache 10000 entries, 600 s)"
