@@ -121,3 +121,26 @@ def test_check_summarizes_the_pool_in_order(tmp_path: Path, capsys: pytest.Captu
     assert main(["check", str(file)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1] == "  engine: pool d3 (remote), then decisions (decisions) (cache 10000 entries, 600 s)"
+
+
+async def test_v1_decisions_names_a_pool_by_its_engines_models() -> None:
+    from router import create_app
+
+    server = DecisionsServer({"sql": 0.8})
+    question = {"type": "predicate", "name": "sql", "instructions": "Is this about SQL?"}
+    with respx.mock(assert_all_called=False) as mock:
+        mock.post("http://d3.test/v1/systemone").mock(side_effect=httpx.ConnectError("refused"))
+        async with pool(mock, server) as engine:
+            app = create_app(parse_config(CONFIG), engine=engine, transport=httpx.AsyncHTTPTransport())
+            try:
+                async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as http:
+                    other = await http.post(
+                        "/v1/decisions", json={"model": "d3", "input": "x", "questions": [question]}
+                    )
+                    served = await http.post(
+                        "/v1/decisions", json={"model": "pool(d3,luna-test)", "input": "x", "questions": [question]}
+                    )
+            finally:
+                await app.aclose()
+    assert other.status_code == 404
+    assert served.status_code == 200 and served.json()["answers"][0]["probability"] == pytest.approx(0.8)
