@@ -6,6 +6,7 @@
 
 Engines: `RemoteEngine` (vLLM servers over HTTP), `EmbeddedEngine` (vLLM inside this process),
 `DecisionsEngine` (any decision model behind the OpenAI Decisions API),
+`FailoverEngine` (engines of any kind tried in order),
 `CachedEngine` (a cache with single-flight in front of either), `FakeEngine` (a table, for tests).
 """
 
@@ -24,6 +25,7 @@ from d3backend._errors import (
     EngineTimeout,
     EngineUnavailable,
 )
+from d3backend._failover import FailoverEngine, PoolStats
 from d3backend._fake import FakeEngine
 from d3backend._http import make_client, make_transport, outbound_request
 from d3backend._protocol import DecisionEngine
@@ -75,10 +77,12 @@ __all__ = [
     "EngineRejected",
     "EngineTimeout",
     "EngineUnavailable",
+    "FailoverEngine",
     "FakeEngine",
     "JSONValue",
     "Noul",
     "NoulAnswer",
+    "PoolStats",
     "Question",
     "RemoteEngine",
     "Score",

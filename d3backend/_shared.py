@@ -27,7 +27,8 @@ class SharedCache(Protocol):
 
 
 def encode_decided(decided: Decided) -> str:
-    """The answers (and the model and usage) as compact JSON: `{"m": model, "u": [in, out], "a": {...}}`."""
+    """The answers (and the model and usage) as compact JSON: `{"m": model, "u": [in, out], "a": {...}}`, and
+    `"e"`: the pool's engine that answered, when one did."""
     answers: dict[str, list[Any]] = {}
     for qid, answer in decided.answers.items():
         if isinstance(answer, ChoiceAnswer):
@@ -37,7 +38,10 @@ def encode_decided(decided: Decided) -> str:
         else:
             answers[qid] = ["s", answer.score, list(answer.legend), list(answer.probabilities), answer.confidence]
     usage = [decided.usage.input_tokens, decided.usage.output_tokens]
-    return json.dumps({"m": decided.model, "u": usage, "a": answers}, separators=(",", ":"), ensure_ascii=False)
+    data: dict[str, Any] = {"m": decided.model, "u": usage, "a": answers}
+    if decided.engine:  # the pool's engine that answered: the log names it on a shared hit too
+        data["e"] = decided.engine
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
 def decode_decided(text: str, questions: Mapping[str, Question]) -> Decided | None:
@@ -47,8 +51,11 @@ def decode_decided(text: str, questions: Mapping[str, Question]) -> Decided | No
         model, (tokens_in, tokens_out), raw = data["m"], data["u"], data["a"]
         if not isinstance(model, str) or not isinstance(raw, dict) or list(raw) != list(questions):
             return None
+        engine = data.get("e", "")
+        if not isinstance(engine, str):
+            return None
         answers = {qid: _answer(question, raw[qid]) for qid, question in questions.items()}
-        return Decided(answers, model, Usage(int(tokens_in), int(tokens_out)))
+        return Decided(answers, model, Usage(int(tokens_in), int(tokens_out)), engine=engine)
     except (ValueError, TypeError, KeyError, IndexError):  # json's errors are ValueErrors
         return None
 

@@ -140,7 +140,8 @@ class Usage:
 class Decided(NamedTuple):
     """What an engine returns for one `decide` call: an answer per question, in the order asked.
 
-    A named tuple: immutable like the frozen dataclasses here, and 6x cheaper to build on the cache's hot path.
+    `engine` names the engine of a pool (`FailoverEngine`) that answered. A named tuple: immutable like the frozen
+    dataclasses here, and 6x cheaper to build on the cache's hot path.
     """
 
     answers: Mapping[str, Answer]
@@ -148,3 +149,4 @@ class Decided(NamedTuple):
     usage: Usage = Usage()
     elapsed_ms: float = 0.0
     cached: bool = False
+    engine: str = ""  # the pool's engine that answered (`FailoverEngine`); empty from an engine alone

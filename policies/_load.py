@@ -143,6 +143,7 @@ class _Compiler:
             known = ", ".join(map(repr, self.spec.policies)) or "none"
             self.issue(("server", "default_policy"), f"unknown policy {default!r}; expected one of {known}")
         self.access()
+        self.pool()
         if self.issues:
             raise ConfigError(by_line(self.issues))
         return Config(
@@ -154,6 +155,32 @@ class _Compiler:
             tuple(tests),
             tuple(by_line(self.warnings)),
         )
+
+    def pool(self) -> None:
+        """A pool's engines have distinct names, and each but the last leaves the next time to answer within
+        server.decision_timeout_s (else failing over could never help)."""
+        pool = self.spec.engine.pool
+        if pool is None:
+            return
+        seen: dict[str, int] = {}
+        for index, member in enumerate(pool):
+            if member.label in seen:
+                first = seen[member.label]
+                self.issue(("engine", "pool", index), f"two of the pool's engines are called {member.label!r}"
+                           f" (engine.pool[{first}] and [{index}]); give each a distinct `name`")  # fmt: skip
+            seen.setdefault(member.label, index)
+        budget = self.spec.server.decision_timeout_s
+        spent = 0.0
+        for index, member in enumerate(pool[:-1]):
+            spent += member.worst_s
+            if spent >= budget:
+                self.issue(
+                    ("engine", "pool", index, member.kind, "timeout_s"),
+                    f"the pool's engines up to {member.label!r} may take {spent:g} s (a remote engine's try and its"
+                    f" retry), which uses up server.decision_timeout_s ({budget:g} s): engine.pool[{index + 1}]"
+                    " would never answer; lower timeout_s or raise server.decision_timeout_s",
+                )
+                break
 
     def access(self) -> None:
         """Keys name known policies and undecided models; what lets a request reach an upstream undecided is warned
@@ -263,13 +290,24 @@ class _Compiler:
     def question(self, spec: QuestionSpec, path: Path) -> Question:
         if isinstance(spec, ScoreSpec) or spec.type == "noul":
             return build_question(spec)
-        limit = self.spec.engine.max_choice_options
+        engine = self.spec.engine
+        limit = engine.max_choice_options
         if len(spec.criteria) > limit:
             self.issue(
                 (*path, "criteria"),
                 f"this choice has {len(spec.criteria)} options; the engine takes at most {limit}"
                 " (engine.max_choice_options: 255 for d3 models, 26 for generative ones)",
             )
+            return build_question(spec)
+        for index, member in enumerate(engine.pool or ()):  # every engine of a pool may be the one asked
+            own = member.max_choice_options
+            if own is not None and len(spec.criteria) > own:
+                self.issue(
+                    (*path, "criteria"),
+                    f"this choice has {len(spec.criteria)} options; the pool's engine {member.label!r} takes at most"
+                    f" {own} (engine.pool[{index}].max_choice_options)",
+                )
+                break
         return build_question(spec)
 
     def action(self, spec: ActionSpec, path: Path) -> Route | Block | None:

@@ -57,6 +57,7 @@ server:
 engine:
   embedded: {model: vllm-sr/d3-mini, timeout_s: 30}   # the default: vLLM inside the router's process
   # remote: {urls: [http://d3-a:8000, http://d3-b:8000], timeout_s: 2.0, api_key_env: D3_KEY}
+  # pool: [{remote: {urls: [http://d3-a:8000], timeout_s: 1}}, {decisions: {url: https://h.example/v1, model: m}}]
   cache: {max_entries: 10000, ttl_s: 600}             # max_entries: 0 keeps no answers (single-flight stays)
   max_choice_options: 255                             # 26 for generative models (labels A..Z)
 upstreams:

@@ -118,13 +118,69 @@ class CacheSettings(Strict):
     ttl_s: float = Field(600.0, gt=0, description="Seconds an answer is kept (in Redis too, with server.redis).")
 
 
+class PoolEngineSettings(Strict):
+    """One engine of `engine.pool`: one kind, `remote` or `decisions`, tried in the pool's order."""
+
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+        description="What the decision log and /metrics call this engine; unset: its kind (remote, decisions).",
+    )
+    remote: RemoteSettings | None = None
+    decisions: DecisionsSettings | None = None
+    max_choice_options: int | None = Field(
+        None,
+        ge=2,
+        le=D3_MAX_OPTIONS,
+        description="Options a choice may have on this engine (26 for a generative model); unset: "
+        "engine.max_choice_options.",
+    )
+    set_aside_s: float = Field(
+        5.0,
+        ge=0,
+        description="Seconds this engine is skipped after it failed on its own account (unreachable, 5xx, timeout, "
+        "429), so that the next one answers without waiting for it first; 0 never skips it.",
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> PoolEngineSettings:
+        kinds = [name for name in ("remote", "decisions") if getattr(self, name) is not None]
+        if len(kinds) != 1:
+            raise PydanticCustomError(
+                "engine_kind", "set one engine kind for a pool's engine (remote or decisions), found {kinds}",
+                {"kinds": " and ".join(kinds) or "none"},
+            )  # fmt: skip
+        return self
+
+    @property
+    def kind(self) -> Literal["remote", "decisions"]:
+        return "remote" if self.remote is not None else "decisions"
+
+    @property
+    def label(self) -> str:
+        return self.name or self.kind
+
+    @property
+    def worst_s(self) -> float:
+        """The longest one call to this engine may take: a remote try and its retry on another URL."""
+        if self.remote is not None:
+            return self.remote.timeout_s * min(2, len(self.remote.urls))
+        return self.decisions.timeout_s if self.decisions is not None else 0.0
+
+
 class EngineSettings(Strict):
-    """The decision engine: `embedded` (the default), `remote` (vLLM servers) or `decisions` (the OpenAI Decisions
-    API), and its cache. Changes need a restart."""
+    """The decision engine: `embedded` (the default), `remote` (vLLM servers), `decisions` (the OpenAI Decisions
+    API) or a `pool` of remote and decisions engines tried in order, and its cache. Changes need a restart."""
 
     embedded: EmbeddedSettings | None = None
     remote: RemoteSettings | None = None
     decisions: DecisionsSettings | None = None
+    pool: list[PoolEngineSettings] | None = Field(
+        None,
+        min_length=1,
+        description="Engines tried in order, the first that answers deciding: e.g. d3 on vLLM, then a hosted "
+        "decision model. Calibrate policies per engine: two models' probabilities differ.",
+    )
     cache: CacheSettings = CacheSettings()
     max_choice_options: int = Field(
         D3_MAX_OPTIONS,
@@ -135,16 +191,18 @@ class EngineSettings(Strict):
 
     @model_validator(mode="after")
     def _one_kind(self) -> EngineSettings:
-        kinds = [name for name in ("embedded", "remote", "decisions") if getattr(self, name) is not None]
+        kinds = [name for name in ("embedded", "remote", "decisions", "pool") if getattr(self, name) is not None]
         if len(kinds) > 1:
             raise PydanticCustomError(
-                "engine_kind", "set one engine kind (embedded, remote or decisions), found {kinds}",
+                "engine_kind", "set one engine kind (embedded, remote, decisions or pool), found {kinds}",
                 {"kinds": " and ".join(kinds)},
             )  # fmt: skip
         return self
 
     @property
-    def kind(self) -> Literal["embedded", "remote", "decisions"]:
+    def kind(self) -> Literal["embedded", "remote", "decisions", "pool"]:
+        if self.pool is not None:
+            return "pool"
         if self.decisions is not None:
             return "decisions"
         return "remote" if self.remote is not None else "embedded"

@@ -149,7 +149,9 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if config is None:
         return EXIT_INVALID
     engine = config.engine
-    if engine.decisions is not None:
+    if engine.pool is not None:
+        where = "pool " + ", then ".join(f"{member.label} ({member.kind})" for member in engine.pool)
+    elif engine.decisions is not None:
         where = f"decisions {redact_url(engine.decisions.url)} {engine.decisions.model}"
     elif engine.remote is not None:
         where = f"remote {', '.join(redact_url(url) for url in engine.remote.urls)}"

@@ -43,6 +43,9 @@ class D3Decision:
     session_key: str | None = None
     # The facts the router computed (policies/_facts.py): only for a policy (or its shadow) whose rules read some.
     facts: Mapping[str, Any] = field(default_factory=dict)
+    # The pool's engine that answered (engine.pool, issue 28.2); engines joined by "+" when a staged walk's calls
+    # were answered by two; empty for an engine alone.
+    engine: str = ""
 
     @property
     def action(self) -> str:

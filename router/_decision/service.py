@@ -131,6 +131,7 @@ class RouterService:
         error: str | None = None
         skipped: tuple[str, ...] = ()
         calls = [0]  # the engine calls made, failed ones included
+        engines: list[str] = []  # the pool's engines that answered them, in order
         settled = policy.walk({}, facts) if policy.settled_by_facts else None
         if not policy.questions:
             with tracing.span("d3.rules") as rules:
@@ -148,7 +149,7 @@ class RouterService:
                 with tracing.engine_span() as engine_span:  # its traceparent goes to the engine
                     # No task, unlike wait_for; one budget for every stage; no timer for a cache hit (`within`).
                     walked, answers, cached = await within(
-                        timeout_s, self._ask(self.engine, policy, state, calls, facts)
+                        timeout_s, self._ask(self.engine, policy, state, calls, facts, engines)
                     )
                     engine_span.set_attribute("d3.cache", "hit" if cached else "miss")
             except EngineError as exc:
@@ -171,7 +172,17 @@ class RouterService:
         if error is not None:
             logger.warning("policy %r: the engine failed (%s); %s decides", policy.name, error, decision.rule)
         d3 = D3Decision(
-            policy.name, decision, answers, state, elapsed_ms, cached, error, skipped, calls[0], facts=facts
+            policy.name,
+            decision,
+            answers,
+            state,
+            elapsed_ms,
+            cached,
+            error,
+            skipped,
+            calls[0],
+            facts=facts,
+            engine="+".join(dict.fromkeys(engines)),
         )
         if policy.shadow is not None and error is None:
             shadow = self.shadows.consider(d3, snapshot.config, self.engine, request_id, self._write)
@@ -220,7 +231,13 @@ class RouterService:
             log.flush()
 
     async def _ask(
-        self, engine: DecisionEngine, policy: Policy, state: DecisionState, calls: list[int], facts: Facts
+        self,
+        engine: DecisionEngine,
+        policy: Policy,
+        state: DecisionState,
+        calls: list[int],
+        facts: Facts,
+        engines: list[str],
     ) -> tuple[Decision | None, Mapping[str, Answer], bool]:
         """Ask the policy's stages in turn until the walk ends (`ask: together` has one stage, `staged` two: the
         guard's questions, then the rest only when the guard did not end the walk); count each call in `calls` as
@@ -231,6 +248,8 @@ class RouterService:
             self._count(policy, policy.questions, calls)
             decided = await engine.decide(state.state, policy.questions, images=state.images, videos=state.videos)
             self.metrics.usage(decided)
+            if decided.engine:
+                engines.append(decided.engine)
             return None, decided.answers, decided.cached
         answers: dict[str, Answer] = {}
         cached = True
@@ -238,6 +257,8 @@ class RouterService:
             self._count(policy, stage, calls)
             decided = await engine.decide(state.state, stage, images=state.images, videos=state.videos)
             self.metrics.usage(decided)
+            if decided.engine:
+                engines.append(decided.engine)
             cached = cached and decided.cached
             answers.update(decided.answers)
             decision = policy.walk(answers, facts)
@@ -280,6 +301,8 @@ class RouterService:
             "cached": d3.cached,
             "degraded": d3.decision.degraded,
         }
+        if d3.engine:  # a pool's engine (engine.pool): which model's probabilities the rules read
+            entry["engine"] = d3.engine
         if d3.skipped:
             entry["skipped"] = list(d3.skipped)
         if d3.facts:

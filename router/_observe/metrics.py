@@ -137,6 +137,7 @@ class Metrics:
         self._log_dropped: Counts[str] | None = None  # made with the first decision log
         self._answer_verdicts: Counts[tuple[str, str, str]] | None = None  # made with the first answer judged
         self._answer_judgements: Counts[str] | None = None
+        self._engine_answers: Counts[str] | None = None
         self.multiprocess = self._dir is not None
         self.process = ProcessCollector(registry=None)
         self.before_render: list[Callable[[], None]] = []  # what moves values kept aside into the families
@@ -178,10 +179,23 @@ class Metrics:
             )
         return self._answer_judgements
 
+    @property
+    def engine_answers(self) -> Counts[str]:
+        """Engine answers by the pool's engine that gave them (issue 28.2); shown once a pool answered."""
+        if self._engine_answers is None:
+            self._engine_answers = self.counter(
+                "d3router_engine_answers",
+                "Answers of an engine pool (engine.pool), by the engine that gave them (cache hits not counted).",
+                ("engine",),
+            )
+        return self._engine_answers
+
     def usage(self, decided: Decided) -> None:
-        """Count an engine call's answer: a cache hit or miss, and, for a miss, its tokens."""
+        """Count an engine call's answer: a cache hit or miss, and, for a miss, its tokens (and its pool's engine)."""
         self.cache["hit" if decided.cached else "miss"] += 1
         if not decided.cached:
+            if decided.engine:
+                self.engine_answers[decided.engine] += 1
             usage = decided.usage
             self.engine_tokens["input"] += usage.input_tokens
             self.engine_tokens["cached"] += usage.cached_tokens

@@ -253,7 +253,7 @@ INVALID = [
     ),
     pytest.param(
         "engine: {embedded: {}, remote: {urls: [http://a]}}\nupstreams: {small: {url: http://a}}\n",
-        "c.yaml:1:1: engine: set one engine kind (embedded, remote or decisions), found embedded and remote",
+        "c.yaml:1:1: engine: set one engine kind (embedded, remote, decisions or pool), found embedded and remote",
         id="engine both",
     ),
     pytest.param(

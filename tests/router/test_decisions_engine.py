@@ -59,8 +59,8 @@ async def test_a_decisions_engine_is_built_from_its_settings_behind_the_cache() 
 
 
 def test_one_engine_kind_only() -> None:
-    with pytest.raises(ConfigError, match=r"^<config>:2:1: engine: set one engine kind \(embedded, remote or"
-                                          r" decisions\), found remote and decisions$"):  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^<config>:2:1: engine: set one engine kind \(embedded, remote,"
+                                          r" decisions or pool\), found remote and decisions$"):  # fmt: skip
         parse_config(GUARDED.replace("engine: {", "engine: {remote: {urls: ['http://d3:8000']}, "))
 
 
