@@ -76,10 +76,12 @@ async def test_an_instruction_injected_in_a_tool_result_is_blocked(
 ) -> None:
     client, engine = example
     blocked = await client.post(PATHS[api], json=loop(api, INJECTED))
-    assert blocked.status_code == 403 and blocked.headers["x-d3-rule"] == "refuse-injection"
+    # Answered as the model would (`as_answer`): the agent shows the refusal; the headers say it was a block.
+    assert blocked.status_code == 200 and blocked.headers["x-d3-action"] == "block"
+    assert blocked.headers["x-d3-rule"] == "refuse-injection" and b"Refused by policy." in blocked.content
     assert INJECTED in json.dumps(engine.calls[-1][0]) and TASK not in json.dumps(engine.calls[-1][0])
     allowed = await client.post(PATHS[api], json=loop(api, HARMLESS))
-    assert allowed.status_code == 200 and allowed.headers["x-d3-rule"] == "default"
+    assert allowed.headers["x-d3-action"] == "route" and allowed.headers["x-d3-rule"] == "default"
 
 
 @pytest.mark.parametrize("api", list(PATHS))
@@ -87,7 +89,7 @@ async def test_last_user_would_have_judged_the_old_task(api: str) -> None:
     text = EXAMPLE.read_text(encoding="utf-8").replace("state: {from: new,", "state: {from: last_user,")
     async for client, _ in client_for(text):
         response = await client.post(PATHS[api], json=loop(api, INJECTED))
-        assert response.status_code == 200  # the bypass `from: new` closes
+        assert response.headers["x-d3-action"] == "route"  # the bypass `from: new` closes
 
 
 @pytest.mark.parametrize("api", list(PATHS))
