@@ -29,7 +29,7 @@ def picked(only: list[str], name: str) -> bool:
         return True
     if any(part in GUARDED for part in only) and name.removeprefix("stream, ") == "d3router cache hit":
         return True  # the answer guard's rows are measured against the cache hit without one
-    if name.endswith(CHAT_ROW):
+    if name.endswith(CHAT_ROW) and GUARDED not in name:
         return any(picked(only, name.replace(CHAT_ROW, row)) for row in API_ROWS)
     row = next((row for row in API_ROWS if name.endswith(row)), None)
     return row is not None and REWRITTEN not in name and picked(only, name.replace(row, REWRITTEN + row))
