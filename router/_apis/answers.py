@@ -36,8 +36,12 @@ class Answered:
 def read_answer(api: str, raw: bytes, *, streamed: bool) -> Answered:
     """The answer's text and tool calls; a body that is not the API's answer reads as empty (the guard then judges
     an empty answer, which is what the client would get)."""
-    if streamed:
-        return STREAM_READERS[api](list(events(raw)))
+    if streamed:  # followed event by event, as the windows of a stream are (FOLLOWERS, below)
+        seen = Followed()
+        for event in events(raw):
+            FOLLOWERS[api](event, seen)
+        seen.close_all()
+        return Answered(seen.text, seen.done)
     try:
         body = json.loads(raw)
     except ValueError:
@@ -119,72 +123,6 @@ def _messages(body: dict[str, Any]) -> Answered:
 
 JSON_READERS: dict[str, Callable[[dict[str, Any]], Answered]] = {
     "chat": _chat, "completions": _completions, "responses": _responses, "messages": _messages,
-}  # fmt: skip
-
-
-# --- streams, read whole ----------------------------------------------------------------------------------------
-def _chat_stream(stream: list[dict[str, Any]]) -> Answered:
-    out = Answered()
-    calls: dict[tuple[int, int], list[str]] = {}
-    for event in stream:
-        for choice in _dicts(event.get("choices")):
-            delta = _dict(choice.get("delta"))
-            out.text += _text(delta.get("content") or "")
-            for call in _dicts(delta.get("tool_calls")):
-                key = (int(choice.get("index", 0) or 0), int(call.get("index", 0) or 0))
-                function = _dict(call.get("function"))
-                name, arguments = calls.setdefault(key, ["", ""])
-                calls[key] = [name + str(function.get("name") or ""), arguments + str(function.get("arguments") or "")]
-    out.calls = [Call(name, arguments) for name, arguments in calls.values()]
-    return out
-
-
-def _completions_stream(stream: list[dict[str, Any]]) -> Answered:
-    return Answered("".join(str(c.get("text", "")) for event in stream for c in _dicts(event.get("choices"))))
-
-
-def _responses_stream(stream: list[dict[str, Any]]) -> Answered:
-    for event in stream:  # the whole response, when the stream says it
-        if event.get("type") in ("response.completed", "response.incomplete") and isinstance(
-            event.get("response"), dict
-        ):
-            return _responses(event["response"])
-    out = Answered()
-    items: dict[str, dict[str, Any]] = {}
-    for event in stream:
-        kind = event.get("type")
-        if kind == "response.output_text.delta":
-            out.text += str(event.get("delta", ""))
-        elif kind == "response.output_item.done" and isinstance(event.get("item"), dict):
-            items[str(event.get("output_index", len(items)))] = event["item"]
-    out.calls = _responses({"output": [item for item in items.values() if item.get("type") != "message"]}).calls
-    return out
-
-
-def _messages_stream(stream: list[dict[str, Any]]) -> Answered:
-    out = Answered()
-    calls: dict[int, list[str]] = {}
-    for event in stream:
-        kind, index = event.get("type"), int(event.get("index", 0) or 0)
-        if kind == "content_block_start" and isinstance(event.get("content_block"), dict):
-            block = event["content_block"]
-            if block.get("type") == "text":
-                out.text += str(block.get("text", ""))
-            elif block.get("type") in ("tool_use", "server_tool_use"):
-                calls[index] = [str(block.get("name", "")), ""]
-        elif kind == "content_block_delta" and isinstance(event.get("delta"), dict):
-            delta = event["delta"]
-            if delta.get("type") == "text_delta":
-                out.text += str(delta.get("text", ""))
-            elif delta.get("type") == "input_json_delta" and index in calls:
-                calls[index][1] += str(delta.get("partial_json", ""))
-    out.calls = [Call(name, arguments) for name, arguments in calls.values()]
-    return out
-
-
-STREAM_READERS: dict[str, Callable[[list[dict[str, Any]]], Answered]] = {
-    "chat": _chat_stream, "completions": _completions_stream, "responses": _responses_stream,
-    "messages": _messages_stream,
 }  # fmt: skip
 
 

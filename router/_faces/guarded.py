@@ -2,8 +2,8 @@
 
 The upstream's answer is read whole (decoded, up to `answer.max_answer_bytes`), streamed or not; its text and tool
 calls go to the engine with the guard's questions; then the client gets the answer as it came, the block's error in
-its API's shape, or a replacement answer saying the rule's text. A stream is released whole once judged: nothing of
-a withheld answer, not one argument of a blocked tool call, reaches the client.
+its API's shape, or a replacement answer saying the rule's text. A stream is judged in windows as it flows
+(router/_faces/windows.py): nothing of a withheld window, not one argument of a blocked tool call, reaches the client.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from router._decision.record import D3Decision
 from router._decision.service import RouterService
 from router._errors import Blocked, RequestError, UpstreamFailed
 from router._faces.request import Decided
-from router._faces.windows import EventTooLarge, stream_judged
+from router._faces.windows import EventTooLarge, shown_headers, stream_judged
 
 logger = logging.getLogger(__name__)
 
@@ -68,37 +68,49 @@ async def _stream(
     service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, response: httpx.Response,
     extra: Headers, upstream: str, on_response: Callable[[bytes], Awaitable[None]] | None, rename: Rename | None,
 ) -> str:  # fmt: skip
-    """A streamed answer judged in windows as it flows (router/_faces/windows.py); `on_response` learns a streamed
-    Responses answer's id from its first event, as `relay` does."""
-    kept = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED]
-
-    async def start(tags: Headers) -> None:
-        await request.send({"type": "http.response.start", "status": response.status_code,
-                            "headers": [*kept, *extra, *tags]})  # fmt: skip
-
-    async def send_body(body: bytes) -> None:
-        out = body if rename is None else rename.feed(body)  # the answer names the client's model
-        if out:
-            await request.send({"type": "http.response.body", "body": out, "more_body": True})
-
-    def ended(rule: str | None, outcome: str) -> None:
-        service.metrics.answer_verdicts[(d3.policy, rule or "-", outcome)] += 1
-
-    model = request.body.get("model")
+    """The proxy's streamed answer, judged in windows; `on_response` learns a streamed Responses answer's id from its
+    first event, as `relay` does. Nothing sent yet when it breaks: `UpstreamBroke` (the next upstream, or 502)."""
+    headers = [*response.headers.raw, *extra]
     try:
-        outcome = await stream_judged(
-            guard, request.api.name, model if isinstance(model, str) else "",
-            lambda answered: judge(service, guard, d3, answered), response.aiter_bytes(), start, send_body,
-            request.api.stream_error, request.debug,
-            ended, on_response,
-        )  # fmt: skip
+        return await stream(service, guard, request, d3, response.status_code, headers, response.aiter_bytes(),
+                            request.send, rename, on_response)  # fmt: skip
     except httpx.HTTPError as exc:
         raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc
     except EventTooLarge as exc:
         raise UpstreamBroke(str(exc)) from exc
     finally:
         await response.aclose()
-    await request.send({"type": "http.response.body", "body": b"" if rename is None else rename.flush()})
+
+
+async def stream(
+    service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, status: int, headers: Headers,
+    chunks: AsyncIterator[bytes], send: Send, rename: Rename | None = None,
+    on_response: Callable[[bytes], Awaitable[None]] | None = None,
+) -> str:  # fmt: skip
+    """An event stream (`status`, `headers` as it came, its decoded `chunks`) judged in windows and sent through
+    `send` as the verdicts say (both faces: the proxy's upstream, the middleware's app); the answer renamed to the
+    client's model with `rename`. A block before any release raises `Blocked`, an event over the bound
+    `EventTooLarge`."""
+    kept = [(k, v) for k, v in headers if k.lower() not in _DROPPED]
+
+    async def start(tags: Headers) -> None:
+        await send({"type": "http.response.start", "status": status, "headers": [*kept, *tags]})
+
+    async def send_body(body: bytes) -> None:
+        out = body if rename is None else rename.feed(body)
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+
+    def ended(rule: str | None, outcome: str) -> None:
+        service.metrics.answer_verdicts[(d3.policy, rule or "-", outcome)] += 1
+
+    model = request.body.get("model")
+    outcome = await stream_judged(
+        guard, request.api.name, model if isinstance(model, str) else "",
+        lambda answered: judge(service, guard, d3, answered), chunks, start, send_body, request.api.stream_error,
+        request.debug, ended, on_response,
+    )  # fmt: skip
+    await send({"type": "http.response.body", "body": b"" if rename is None else rename.flush()})
     return outcome
 
 
@@ -111,9 +123,7 @@ async def judged(
     `Blocked`."""
     streamed = _streamed(headers)
     verdict = await judge(service, guard, d3, read_answer(request.api.name, raw, streamed=streamed))
-    tags = encode_headers(verdict.tags.items())
-    if request.debug:
-        tags.append((b"x-d3-answer-rule", (verdict.rule or "-").encode("latin-1", "replace")))
+    tags = shown_headers(verdict, verdict.tags, request.debug)
     action = verdict.action
     outcome = "pass" if action is None else action.kind
     service.metrics.answer_verdicts[(d3.policy, verdict.rule or "-", outcome)] += 1
@@ -270,36 +280,18 @@ class Judging:
         await self.inner({"type": "http.response.body", "body": body})
 
     async def _windows(self, start: Message) -> None:
-        kept = [(k, v) for k, v in start.get("headers", []) if k.lower() not in _DROPPED]
-        request, d3, service, guard = self.request, self.d3, self.service, self.guard
-
         async def chunks() -> AsyncIterator[bytes]:
             while (chunk := await self._queue.get()) is not None:
                 yield chunk
 
-        async def begin(tags: Headers) -> None:
-            await self.inner({"type": "http.response.start", "status": start["status"], "headers": [*kept, *tags]})
-
-        async def send_body(body: bytes) -> None:
-            await self.inner({"type": "http.response.body", "body": body, "more_body": True})
-
-        def ended(rule: str | None, outcome: str) -> None:
-            service.metrics.answer_verdicts[(d3.policy, rule or "-", outcome)] += 1
-
-        model = request.body.get("model")
+        request, d3 = self.request, self.d3
         try:
-            await stream_judged(
-                guard, request.api.name, model if isinstance(model, str) else "",
-                lambda answered: judge(service, guard, d3, answered), chunks(), begin, send_body,
-                request.api.stream_error, request.debug, ended,
-            )  # fmt: skip
+            await stream(self.service, self.guard, request, d3, start["status"], list(start.get("headers", [])),
+                         chunks(), self.inner)  # fmt: skip
         except Blocked as exc:
             await request.fail(exc, encode_headers(d3.headers(full=request.debug)))
-            return
         except EventTooLarge as exc:
             await request.fail(UpstreamFailed(str(exc), status=502))
-            return
-        await self.inner({"type": "http.response.body", "body": b""})
 
     async def aclose(self) -> None:
         if self._task is not None and not self._task.done():

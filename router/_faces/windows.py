@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -71,9 +71,11 @@ async def stream_judged(
     on_response: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> str:
     """Judge the stream `chunks` window by window, releasing what passes through `send_body` (after `start`, given
-        the verdict tags, before the first release); return the outcome (`pass`, `replace`, `block`, `broken`) and the
-    rule that stopped the stream (None when none did). A block before any release
-        raises `Blocked`; after it, the stream ends with `stream_error(message)`."""
+    the verdict's headers, before the first release); return the outcome (`pass`, `replace`, `block`, `broken`) and
+    tell `ended` the outcome with the rule that stopped the stream (None when none did), a block before any release
+    too. A block before any release raises `Blocked`; after it, the stream ends with `stream_error(message)`.
+    `on_response` is given the data of the first event carrying the response (`response.created`) as it comes: the
+    session learns a streamed answer's id before the stream ends (issue 26.4)."""
     follow = FOLLOWERS[api]
     seen = Followed()
     held: list[bytes] = []
@@ -100,7 +102,7 @@ async def stream_judged(
             return "block"
         if isinstance(action, Replace) and not started:
             body, _ = replacement(api, action.text, model, streamed=True)
-            await start(_shown(verdict, tags, debug))
+            await start(shown_headers(verdict, tags, debug))
             started = True
             await send_body(body)
             return "replace"
@@ -108,7 +110,7 @@ async def stream_judged(
             await send_body(stream_error(action.text))
             return "block"
         if not started:
-            await start(_shown(verdict, tags, debug))
+            await start(shown_headers(verdict, tags, debug))
             started = True
         for event in window.events:
             await send_body(event)
@@ -173,7 +175,8 @@ async def stream_judged(
                 await window.verdict
 
 
-def _shown(verdict: AnswerVerdict, tags: dict[str, str], debug: bool) -> Headers:
+def shown_headers(verdict: AnswerVerdict, tags: Mapping[str, str], debug: bool) -> Headers:
+    """The verdict's headers toward the client: its tags, and the answer rule to a caller allowed to debug."""
     headers = encode_headers(tags.items())
     if debug:
         headers.append((b"x-d3-answer-rule", (verdict.rule or "-").encode("latin-1", "replace")))

@@ -26,6 +26,7 @@ from starlette.routing import Route
 from d3backend import EngineUnavailable, FakeEngine
 from policies import ConfigError, parse_config
 from router import D3RouterMiddleware, ProxyApp, create_app
+from router._apis.answers import Call, read_answer
 from router._cli.main import main
 
 pytestmark = pytest.mark.anyio
@@ -573,3 +574,13 @@ def test_an_answer_case_naming_an_unknown_question_is_a_load_error() -> None:
     text = CONFIG.format(leak=BLOCK, extra="") + ANSWER_TESTS.format(outcome="block").replace("leak: 0.9", "lek: 0.9")
     with pytest.raises(ConfigError, match=r"answer\.tests\[1\]\.answers\.lek: unknown answer question 'lek'"):
         parse_config(text, "c.yaml")
+
+
+@pytest.mark.parametrize("api", list(PATHS))
+def test_a_whole_stream_reads_as_its_text_and_tool_calls(api: str) -> None:
+    """A stream read whole (a content-coded stream of the middleware's app) reads as the windows follow it."""
+    body, _ = answer(api, True, f"it is {MARKER}", command=None if api == "completions" else "rm -rf ~")
+    read = read_answer(api, body, streamed=True)
+    assert read.text == f"it is {MARKER}"
+    calls = [] if api == "completions" else [Call("shell", json.dumps({"command": "rm -rf ~"}))]
+    assert read.calls == calls
