@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from typing_extensions import is_typeddict
 
 from d3backend import (
+    Answer,
     Choice,
     ChoiceAnswer,
     Noul,
@@ -36,6 +37,7 @@ from d3backend import (
     answer_item,
     usage_json,
 )
+from policies import Config, Policy, PolicyTest
 
 _PARAMS = TypeAdapter(DecisionCreateParams)
 SERVED_USAGE = Usage(120, 0, 100)  # 100 of the 120 input tokens from the prompt cache
@@ -184,3 +186,18 @@ async def _send(send: Send, status: int, body: Any) -> None:
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+
+
+def answered_cases(config: Config) -> tuple[bool, list[tuple[Policy, PolicyTest, dict[str, Answer]]]]:
+    """A configuration's policy test cases that feed an engine: whether it has any with answers, and those that
+    answer every question their policy asks, with those answers (a case that leaves some unanswered tests the walk,
+    not the engine)."""
+    cases = [case for case in config.tests if isinstance(case, PolicyTest) and not case.engine_error
+             and config.policies[case.policy].questions]  # fmt: skip
+    full = []
+    for case in cases:
+        policy = config.policies[case.policy]
+        answers = {qid: case.answers[qid] for qid in policy.questions if qid in case.answers}
+        if len(answers) == len(policy.questions):
+            full.append((policy, case, answers))
+    return bool(cases), full

@@ -16,7 +16,7 @@ from d3backend import CachedEngine, DecisionsEngine, FailoverEngine, RemoteEngin
 from policies import Config, load_config, parse_config
 from router import build_engine
 from router._decision.service import RouterService
-from tests.decisions_server import DecisionsServer
+from tests.decisions_server import DecisionsServer, answered_cases
 
 pytestmark = pytest.mark.anyio
 
@@ -91,15 +91,11 @@ async def test_an_engine_alone_adds_no_engine_to_the_log() -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=[path.name for path in EXAMPLES])
 async def test_the_example_policies_decide_the_same_through_a_pool_whose_first_engine_is_down(path: Path) -> None:
     config: Config = load_config(path)
-    cases = [case for case in config.tests if not case.engine_error and config.policies[case.policy].questions]
-    if not cases:
+    some, cases = answered_cases(config)
+    if not some:
         pytest.skip(f"{path.name} has no policy test case with answers")  # counted: the examples all have some
     checked = 0
-    for case in cases:
-        policy = config.policies[case.policy]
-        answers = {qid: case.answers[qid] for qid in policy.questions if qid in case.answers}
-        if len(answers) < len(policy.questions):
-            continue  # a case that leaves questions unanswered tests the walk, not the engine
+    for policy, case, answers in cases:
         server = DecisionsServer(answers)
         with respx.mock() as mock:
             mock.post("http://d3.test/v1/systemone").respond(503, json={"error": {"message": "overloaded"}})
