@@ -48,6 +48,9 @@ class Lifecycle:
     admission: Admission
     _retiring: set[asyncio.Task[Any]]
     _reload_lock: asyncio.Lock
+    # Set by `d3router serve` (router/_faces/serve.py settle_gc): the collector was settled after start-up, and is
+    # settled again once a reload's replaced configuration has served its last request (gcpauses.resettle).
+    resettle: Callable[[], None] | None = None
 
     @property
     def config(self) -> Config:
@@ -193,7 +196,7 @@ class Lifecycle:
         self.admission.max_requests = config.server.max_concurrent_requests
         self.admission.max_bytes = config.server.max_buffered_bytes
         previous, self._generation = self._generation, Generation()
-        if retired_log is not None or pools:
+        if retired_log is not None or pools or self.resettle is not None:
             self._retire(previous, retired_log, pools)
         for setting in restart:
             if setting == "engine":
@@ -217,6 +220,8 @@ class Lifecycle:
             if log is not None:
                 await asyncio.to_thread(log.close)
             await self.forwarder.close_retired(pools)
+            if self.resettle is not None:  # the old configuration's cycles freed, the new one's objects frozen
+                self.resettle()
 
         task = asyncio.get_running_loop().create_task(retire()) if _loop_running() else None
         if task is None:  # a reload outside the loop (a library caller): nothing is in flight; the retired pools

@@ -136,6 +136,7 @@ def settle_gc(app: ProxyApp) -> None:
 
     def settled() -> gcpauses.Pauses:
         gcpauses.settle()
+        app.resettle = gcpauses.resettle  # again after each reload, once the old configuration retired
         pauses = gcpauses.Pauses(app.service.metrics).install()
         pauses.follow()
         return pauses  # the app's close cancels it: recording stops

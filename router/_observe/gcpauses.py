@@ -21,7 +21,8 @@ generation, full ones per 10,000 requests, the longest pause; the "d3router cach
 router without `settle()`, beside "d3router cache hit" in the same turns; `benchmarks._proxy --gen0 N` tries
 other thresholds): see benchmarks/README.md "The tail" for the figures.
 
-`d3router serve` calls `settle()` once its app has started (router/_faces/serve.py) and records the pauses in its
+`d3router serve` calls `settle()` once its app has started (router/_faces/serve.py), `resettle()` after each
+configuration reload once the replaced configuration has served its last request, and records the pauses in its
 metrics (`watch`): `d3router_gc_pause_seconds` (a histogram, by generation) and `d3router_gc_collections_total`
 (by generation). The recorder's callback only appends to a list (it may run inside any allocation, even with one of
 prometheus_client's locks held), and the list is moved into the metrics at each scrape and every second.
@@ -56,6 +57,15 @@ def settle(gen0: int = GEN0_THRESHOLD) -> None:
     gc.freeze()
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(gen0, gen1, gen2)
+
+
+def resettle() -> None:
+    """`settle()` again after a configuration reload, once the replaced configuration served its last request:
+    everything frozen goes back to the collector, which frees what only the old configuration held (cycles among
+    frozen objects would otherwise stay for the process's life), and what is alive now (the new configuration)
+    is frozen. One full collection, a pause like start-up's (tens of milliseconds), once per reload."""
+    gc.unfreeze()
+    settle(gc.get_threshold()[0])
 
 
 class Pauses:

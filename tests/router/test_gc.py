@@ -3,7 +3,9 @@ young threshold, `Pauses` shows every collection in the metrics, `d3router serve
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,3 +93,44 @@ async def test_serve_settles_once_started_and_records_until_closed(
     assert settled == ["settled"]
     assert seen["collections"]["2"] >= 1
     assert gc.callbacks == before  # the app's close stopped the recording
+
+
+def test_resettle_frees_the_cycles_a_reload_left_frozen_and_freezes_what_is_alive() -> None:
+    class Node:
+        pass
+
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    old = Node()
+    old.me = old  # type: ignore[attr-defined]  # a cycle: only the collector frees it
+    gcpauses.settle()
+    seen = weakref.ref(old)
+    del old
+    gc.collect()
+    assert seen() is not None  # frozen: no collection reaches it
+    kept = [{"new": i} for i in range(100)]
+    gcpauses.resettle()
+    assert seen() is None
+    collected = {id(o) for o in gc.get_objects()}  # the generations the collector walks: never the frozen
+    assert not any(id(new) in collected for new in kept)
+    assert gc.get_threshold()[0] == gcpauses.GEN0_THRESHOLD
+
+
+async def test_a_reload_resettles_once_the_replaced_configuration_served_its_last_request(tmp_path: Path) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("upstreams: {small: {url: 'http://127.0.0.1:9/v1'}}\n"
+                    "policies: {auto: {rules: [{name: default, route: small}]}}\n", encoding="utf-8")  # fmt: skip
+    resettled: list[str] = []
+    async with ProxyApp(load_config(path)) as app:
+        app.resettle = lambda: resettled.append("resettled")
+        in_flight = app.enter()  # a request served under the configuration being replaced
+        path.write_text(path.read_text(encoding="utf-8").replace("auto", "other"), encoding="utf-8")
+        assert (await app.areload()).ok
+        await asyncio.sleep(0.01)
+        assert resettled == []  # not while the old configuration still serves
+        in_flight.leave()
+        for _ in range(100):
+            if resettled:
+                break
+            await asyncio.sleep(0.01)
+        assert resettled == ["resettled"]
