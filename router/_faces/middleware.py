@@ -24,6 +24,10 @@ decision log line; its key's rate limits apply.
 Sessions work as in the proxy (issue 12): a later turn's route is its session's (`d3.session` says new, sticky,
 escalated or off), guards still decide every turn, and with `server.redis` the sessions and a second-level decision
 cache are shared with the other replicas. The engine starts with the app's lifespan (or on first use).
+`settle_gc=True` does at the lifespan's startup what `d3router serve` does (router/_observe/gcpauses.py): start-up's
+objects, the app's among them, frozen out of the collector's way and fewer young collections, the pauses in the
+middleware's metrics. Off by default: the app's own allocations are not the router's to tune (a higher
+generation-0 threshold lets the app's cyclic garbage wait longer, a few megabytes at most).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from router._faces.lifecycle import open_decision_log
 from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
 from router._faces.request import Decided
+from router._observe import gcpauses
 
 
 class D3RouterMiddleware:
@@ -62,8 +67,11 @@ class D3RouterMiddleware:
         engine: DecisionEngine | None = None,
         prefix: str = "/v1",
         caller: Callable[[Scope], str | None] | None = None,
+        settle_gc: bool = False,
     ) -> None:
         self.app = app
+        self.settle_gc = settle_gc  # opt-in: the app's own objects are frozen too, and its young collections fewer
+        self._pauses: gcpauses.Pauses | None = None
         loaded = config if isinstance(config, Config) else load_config(config)
         self._owns_engine = engine is None
         self.service, self.sessions = build_parts(loaded, engine, os.environ)
@@ -185,7 +193,14 @@ class D3RouterMiddleware:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 await self._start()
+                if self.settle_gc:  # after the app's own start-up: what it built is frozen with the rest
+                    gcpauses.settle()
+                    self._pauses = gcpauses.Pauses(self.service.metrics).install()
+                    self._pauses.follow()
             elif message["type"] == "lifespan.shutdown":
+                if self._pauses is not None:
+                    self._pauses.uninstall()
+                    self._pauses = None
                 await self.service.aclose()
                 await self.sessions.store.aclose()
                 log, self.service.decision_log = self.service.decision_log, None

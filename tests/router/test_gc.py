@@ -12,9 +12,12 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.testclient import TestClient
 
 from policies import load_config
-from router import ProxyApp
+from router import D3RouterMiddleware, ProxyApp
 from router._faces import serve
 from router._observe import gcpauses
 from router._observe.metrics import Metrics
@@ -134,3 +137,21 @@ async def test_a_reload_resettles_once_the_replaced_configuration_served_its_las
                 break
             await asyncio.sleep(0.01)
         assert resettled == ["resettled"]
+
+
+def test_the_middleware_settles_only_when_asked_and_records_until_its_shutdown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("upstreams: {small: {url: 'http://127.0.0.1:9/v1'}}\n"
+                    "policies: {auto: {rules: [{name: default, route: small}]}}\n", encoding="utf-8")  # fmt: skip
+    settled: list[str] = []
+    monkeypatch.setattr(gcpauses, "settle", lambda: settled.append("settled"))
+    before = list(gc.callbacks)
+    for asked in (False, True):
+        middleware = Middleware(D3RouterMiddleware, config=str(path), settle_gc=asked)
+        app = Starlette(middleware=[middleware])
+        with TestClient(app):  # runs the lifespan
+            assert settled == (["settled"] if asked else [])
+            assert len(gc.callbacks) == len(before) + asked  # the pauses recorded while it serves
+        assert gc.callbacks == before  # its shutdown stopped the recording
