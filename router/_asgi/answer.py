@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from router._asgi import decoding
 from router._asgi.headers import Headers
@@ -143,6 +143,51 @@ class Rename:
                 return event
             self._prefix = event[at : span[0]]
         return event[: span[0]] + self.model + event[span[1] :]
+
+
+class Watch:
+    """Shows `see` each whole event of a stream that holds `marker` (its bytes, boundary included); the rest is not
+    looked at. Read-only (`hold=False`), every chunk goes on as it came, at once: only a copy of the stream's last,
+    incomplete event is kept to be read once whole. With `hold=True`, `see` also says whether the event goes on
+    (False: it is cut out, as if the upstream had never sent it), and a last event still incomplete is held until it
+    is whole (`flush` gives it back), as `Rename` holds one. One per response; the events are cut at their
+    boundaries as `Rename` cuts them (the same helpers, below)."""
+
+    def __init__(self, marker: bytes, see: Callable[[bytes], bool], *, hold: bool = False) -> None:
+        self.marker, self.see, self.hold = marker, see, hold
+        self._tail = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of `chunk` goes on now: all of it (read-only), or its whole events less those `see` drops."""
+        data = self._tail + chunk if self._tail else chunk
+        end = _last_boundary(data)
+        if end < 0:
+            self._tail = data
+            return chunk if not self.hold else b""
+        self._tail = data[end:]
+        whole = data[:end] if self._tail else data
+        at = whole.find(self.marker)
+        if at < 0:
+            return chunk if not self.hold else whole
+        out: list[bytes] = []
+        copied = 0
+        while at >= 0:
+            start, stop = _event_start(whole, at), _event_end(whole, at)
+            if not self.see(whole[start:stop]) and self.hold:
+                out += (whole[copied:start],)
+                copied = stop
+            at = whole.find(self.marker, stop)
+        if not self.hold:
+            return chunk
+        out.append(whole[copied:])
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """The stream ended: its last event without a boundary is read too; held, it is given back (unless dropped)."""
+        tail, self._tail = self._tail, b""
+        if tail and self.marker in tail and not self.see(tail) and self.hold:
+            return b""
+        return tail if self.hold else b""
 
 
 _SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")

@@ -33,6 +33,7 @@ from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import Api
 from router._apis.registry import API_BY_PATH, APIS, error_api
+from router._apis.usage import UsageReader, ask_usage
 from router._asgi.admission import FULL, Admission
 from router._asgi.answer import renaming
 from router._asgi.decoding import readable_accept_encoding
@@ -62,6 +63,7 @@ from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
 from router._faces.request import Decided, available
 from router._observe import logs, tracing
+from router._observe.usage import Accounting, Spent, cost
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,7 @@ class ProxyApp(Endpoints):
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
         self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
+        self.accounting = Accounting(self.service.metrics)  # the answers' tokens and cost (issue 29.2-3)
         self.ready = self.service.engine is None
         self.draining = False  # set on SIGTERM (router._faces.serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
@@ -195,14 +198,32 @@ class ProxyApp(Endpoints):
         try:
             request.d3 = d3 = await self.service.decide(policy, request.body, request.request_id, api=request.api,
                                                         snapshot=request.snapshot, after=turn.route,
-                                                        caller=caller, caller_facts=request.caller.facts)  # fmt: skip
+                                                        caller=caller, caller_facts=request.caller.facts,
+                                                        defer_log=True)  # fmt: skip
         except BadRequest as exc:
             metrics.request(policy.name, "-", "invalid", exc.status)
             raise
         logs.noted(logs.current(), d3)
+        # The decision-log line is written once the answer's usage is known (or the request ended without one).
+        entry = (
+            self.service.log_entry(d3, request.request_id, config, caller)
+            if self.service.decision_log is not None
+            else None
+        )
+        try:
+            await self._act(request, d3)
+        finally:
+            if entry is not None:
+                if request.spent is not None:
+                    entry.update(request.spent.log_fields())
+                self.service.write_log(entry)
+
+    async def _act(self, request: Decided, d3: D3Decision) -> None:
+        """A block answered in the API's shape; a route sent to its upstreams."""
+        metrics = self.service.metrics
         action = d3.decision.action
         if isinstance(action, Block):
-            metrics.request(policy.name, d3.decision.rule, "block", 200 if action.as_answer else action.status)
+            metrics.request(d3.policy, d3.decision.rule, "block", 200 if action.as_answer else action.status)
             # Its message, never its scores; the rule's name only to a caller allowed to debug (issue 25.4).
             raise Blocked(
                 action.message,
@@ -228,6 +249,11 @@ class ProxyApp(Endpoints):
                 info.upstream = name
             with tracing.upstream_span(name, index, upstream.url) as attempt:  # one span per attempt
                 payload = api.rewrite(request.raw, request.body, upstream.model, d3.decision.params)
+                reader = None
+                if upstream.count_usage:  # the answer's tokens read on its way (issue 29.2)
+                    asked = ask_usage(api.name, payload, request.body)
+                    reader = UsageReader(api.name, asked=asked is not None)
+                    payload = payload if asked is None else asked
                 response, failure = await self.forwarder.open(
                     api, upstream, name, "POST", api.upstream_path, request.scope, payload, tags
                 )
@@ -251,12 +277,14 @@ class ProxyApp(Endpoints):
                     if guard is not None and response.is_success:  # judged first (router/_faces/guarded.py)
                         try:
                             await relay_judged(self.service, guard, request, d3, response, headers, name, remember,
-                                               rename)  # fmt: skip
+                                               rename, reader)  # fmt: skip
                         except Blocked as exc:  # routed, and its answer withheld: counted as the route it took
                             metrics.request(d3.policy, d3.decision.rule, "route", exc.status)
                             raise
-                    elif not await relay(response, request.send, headers, name, remember, ending, rename):
+                    elif not await relay(response, request.send, headers, name, remember, ending, rename, reader):
                         metrics.upstream_errors[(name, "broken")] += 1
+                    if reader is not None and response.is_success:
+                        self._spend(request, d3, name, upstream, reader)
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
                     failure = (502, str(exc))
@@ -266,6 +294,14 @@ class ProxyApp(Endpoints):
         metrics.request(d3.policy, d3.decision.rule, "route", failure[0])
         shown = encode_headers(d3.headers(upstream=tried, full=request.debug))
         await request.fail(UpstreamFailed(failure[1], status=failure[0]), shown)
+
+    def _spend(self, request: Decided, d3: D3Decision, name: str, upstream: UpstreamSettings,
+               reader: UsageReader) -> None:  # fmt: skip
+        """Count what the answer took: tokens and cost in the metrics, kept for the decision-log line."""
+        caller, tokens = request.caller, reader.tokens
+        request.spent = spent = Spent(caller.name or "", caller.group or "", d3.policy, d3.decision.rule, name, tokens,
+                                      cost(tokens, upstream.price))  # fmt: skip
+        self.accounting.count(spent)
 
     async def _undecided(self, request: Decided) -> None:
         """A model `server.undecided_models` lists (and no policy names) goes untouched to the upstream serving it."""

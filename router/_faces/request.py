@@ -28,6 +28,7 @@ from router._decision.service import Snapshot
 from router._errors import Blocked, ModelNotFound, RequestError, answer
 from router._faces.auth import Caller
 from router._observe.tracing import NO_SPAN, NoSpan, Span
+from router._observe.usage import Spent
 from router._sessions.session import SessionTurn
 
 
@@ -48,6 +49,7 @@ class Decided:
     turn: SessionTurn | None = None
     request_id: str = ""
     span: Span | NoSpan = NO_SPAN
+    spent: Spent | None = None  # the answer's tokens and cost, once it was relayed (router/_observe/usage.py)
 
     @property
     def config(self) -> Config:
