@@ -130,8 +130,8 @@ async def relay(
             return False
         await response.aclose()  # before the answer ends (see above)
         held = b"" if watch is None else watch.flush()
-        await send({"type": "http.response.body", "body": held if rename is None else rename.feed(held) + rename.flush(),
-                    "more_body": False})  # fmt: skip
+        last = held if rename is None else rename.feed(held) + rename.flush()
+        await send({"type": "http.response.body", "body": last, "more_body": False})
         return True
     finally:
         await response.aclose()
