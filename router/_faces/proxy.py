@@ -48,11 +48,13 @@ from router._errors import (
     ModelNotFound,
     NoRoute,
     Overloaded,
+    RateLimited,
     RequestError,
     Unauthorized,
     UpstreamFailed,
 )
 from router._faces.auth import Access, Caller
+from router._faces.budgets import build_budgets
 from router._faces.counting import count_routes
 from router._faces.decisions import serve_decisions, serve_systemone
 from router._faces.endpoints import Endpoints, send_failure
@@ -91,6 +93,7 @@ class ProxyApp(Endpoints):
         self.service, self.sessions = build_parts(config, engine, self.environ)
         self.access = Access(config, self.environ, self.sessions.salt)
         self.limiter = build_limiter(self.sessions.store, wall_clock)  # wall-clock: replicas share Redis's limits
+        self.budgets = build_budgets(self.sessions.store, wall_clock)  # token budgets and rates (issue 29.4)
         self.clock = clock  # /readyz's probe interval
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
@@ -195,11 +198,16 @@ class ProxyApp(Endpoints):
         caller = request.caller.id
         request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
                                                  caller=caller)  # fmt: skip
+        try:  # the caller's budgets, read once: used up, 429; else their share used is the `budget.used` fact
+            used = await self.budgets.check(request.caller)
+        except RateLimited:
+            metrics.request(policy.name, "-", "budget", 429)
+            raise
+        facts = {**request.caller.facts, "budget.used": used}
         try:
             request.d3 = d3 = await self.service.decide(policy, request.body, request.request_id, api=request.api,
                                                         snapshot=request.snapshot, after=turn.route,
-                                                        caller=caller, caller_facts=request.caller.facts,
-                                                        defer_log=True)  # fmt: skip
+                                                        caller=caller, caller_facts=facts, defer_log=True)  # fmt: skip
         except BadRequest as exc:
             metrics.request(policy.name, "-", "invalid", exc.status)
             raise
@@ -284,7 +292,7 @@ class ProxyApp(Endpoints):
                     elif not await relay(response, request.send, headers, name, remember, ending, rename, reader):
                         metrics.upstream_errors[(name, "broken")] += 1
                     if reader is not None and response.is_success:
-                        self._spend(request, d3, name, upstream, reader)
+                        await self._spend(request, d3, name, upstream, reader)
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
                     failure = (502, str(exc))
@@ -295,13 +303,16 @@ class ProxyApp(Endpoints):
         shown = encode_headers(d3.headers(upstream=tried, full=request.debug))
         await request.fail(UpstreamFailed(failure[1], status=failure[0]), shown)
 
-    def _spend(self, request: Decided, d3: D3Decision, name: str, upstream: UpstreamSettings,
-               reader: UsageReader) -> None:  # fmt: skip
-        """Count what the answer took: tokens and cost in the metrics, kept for the decision-log line."""
+    async def _spend(self, request: Decided, d3: D3Decision, name: str, upstream: UpstreamSettings,
+                     reader: UsageReader) -> None:  # fmt: skip
+        """Count what the answer took: tokens and cost in the metrics, kept for the decision-log line, added to the
+        caller's budgets and token rates."""
         caller, tokens = request.caller, reader.tokens
         request.spent = spent = Spent(caller.name or "", caller.group or "", d3.policy, d3.decision.rule, name, tokens,
                                       cost(tokens, upstream.price))  # fmt: skip
         self.accounting.count(spent)
+        if tokens.reported:
+            await self.budgets.spend(caller, tokens.total, spent.cost)
 
     async def _undecided(self, request: Decided) -> None:
         """A model `server.undecided_models` lists (and no policy names) goes untouched to the upstream serving it."""
