@@ -142,7 +142,7 @@ class SessionTurn:
                 return self._found("metadata.user_id", sessions.hash("id", user_id, caller))
             previous = self.body.get("previous_response_id")
             if isinstance(previous, str) and previous:
-                known = await sessions.store.get(_response_key(sessions.hash("response", previous, caller)))
+                known = await self._continued(previous)
                 chain = known or sessions.hash("response-chain", previous, caller)
                 return self._found("previous_response_id", chain)
         if settings.fingerprint:
@@ -150,6 +150,20 @@ class SessionTurn:
             if opening is not None:
                 return self._found("fingerprint", sessions.hash("opening", opening, caller))
         return None
+
+    async def _continued(self, response_id: str) -> str | None:
+        """The session of the response `response_id` continues, if this router relayed it to this caller; a
+        response it relayed to another caller is `BadRequest` (400 previous_response_not_found, as OpenAI answers
+        an id it does not know): the upstream, called with the router's own key, would continue that caller's
+        conversation for this one (issue 25.3)."""
+        stored = await self.sessions.store.get(_response_key(self.sessions.hash("response", response_id)))
+        if stored is None:
+            return None
+        owner, _, session = stored.partition(" ")
+        if owner != self.sessions.hash("caller", self.caller):
+            raise BadRequest("the previous response was not found (previous_response_id names a response of "
+                             "another caller)", "previous_response_id", code="previous_response_not_found")  # fmt: skip
+        return session or None
 
     def _found(self, source: str, key: str) -> str:
         self.source, self.key = source, key
@@ -294,8 +308,10 @@ class SessionTurn:
             data = data["response"]
         response_id = data.get("id") if isinstance(data, dict) else None
         if isinstance(response_id, str) and response_id:
-            key = _response_key(self.sessions.hash("response", response_id, self.caller))
-            await self.sessions.store.set(key, self.key, self.ttl_s)
+            # One record per response, whoever sent it: its caller (hashed) and its session, so that another
+            # caller continuing it is refused, not only kept out of the session (`_continued`).
+            key = _response_key(self.sessions.hash("response", response_id))
+            await self.sessions.store.set(key, f"{self.sessions.hash('caller', self.caller)} {self.key}", self.ttl_s)
 
 
 def session_salt(server: ServerSettings, environ: Mapping[str, str]) -> bytes:
