@@ -128,7 +128,7 @@ async def test_a_redis_cluster_node_keeps_a_key_and_its_group_in_one_slot(
     """A Redis Cluster refuses a script whose keys hash to two slots (CROSSSLOT): a key's limit and its group's are
     checked in one script, so they carry one hash tag (the group's); a key in no group carries its own."""
     text = CONFIG.format(redis=f"  redis: {redis_cluster.url}\n  sessions: {{salt_env: SALT}}\n")
-    async for (first_app, first), (_, second) in apps(text, clock, count=2):
+    async for (_, first), (_, second) in apps(text, clock, count=2):
         statuses = []
         for http, key in ((first, B), (second, C), (first, C), (second, B)):  # the group's 3 in 30 s, across both
             response = await http.post("/v1/chat/completions", json=chat(), headers={"authorization": f"Bearer {key}"})
