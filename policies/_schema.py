@@ -142,6 +142,20 @@ class PoolEngineSettings(Strict):
         "429), so that the next one answers without waiting for it first; 0 never skips it.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _not_embedded(cls, data: Any) -> Any:
+        # An in-process engine is not a pool's (issue 28): the pool neither starts nor stops it, and a failover to
+        # the process's own vLLM is no failover when the process is what fails. Said plainly, not "extra input".
+        if isinstance(data, dict) and "embedded" in data:
+            raise PydanticCustomError(
+                "pool_embedded",
+                "an embedded engine cannot be one of engine.pool's engines; serve the model with vLLM "
+                "(`vllm serve MODEL`) and name it here as `remote: {urls: [...]}`, or use `engine.embedded` "
+                "alone, without a pool",
+            )
+        return data
+
     @model_validator(mode="after")
     def _one_kind(self) -> PoolEngineSettings:
         kinds = [name for name in ("remote", "decisions") if getattr(self, name) is not None]
