@@ -41,6 +41,10 @@ def test_decisions_benchmark_runs(tmp_path: Path) -> None:
         "Decisions engine via the router's /v1/decisions (cache off)",
         "/v1/decisions, cache hit",
         "/v1/decisions, engine call (a table engine, cache off)",
+        "a pool, the Decisions engine first, via /v1/decisions (cache off)",
+        "a pool, behind a first engine down (set aside), via /v1/decisions (cache off)",
+        "a pool, behind a first engine failing every call (set_aside_s 0), via /v1/decisions (cache off)",
+        "a pool asked for one engine's model, via /v1/decisions (cache off)",
     ]
 
 
