@@ -25,11 +25,12 @@ from router._asgi.answer import Rename
 from router._asgi.answer import decoded as decoded_answer
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers, encode_headers
 from router._asgi.relay import UpstreamBroke
+from router._asgi.sse import EventTooLarge
 from router._decision.record import D3Decision
 from router._decision.service import RouterService
 from router._errors import Blocked, RequestError, UpstreamFailed
 from router._faces.request import Decided
-from router._faces.windows import EventTooLarge, shown_headers, stream_judged
+from router._faces.windows import shown_headers, stream_judged
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import httpx
 
 from policies import AnswerGuard, AnswerVerdict, Block, Replace
-from router._apis.answers import FOLLOWERS, Answered, Followed, event_data, replacement
+from router._apis.answers import FOLLOWERS, Answered, Followed, replacement
 from router._asgi.headers import Headers, encode_headers
+from router._asgi.sse import EventReader, EventTooLarge, json_data
 from router._errors import Blocked
 
 Judge = Callable[[Answered], Awaitable[AnswerVerdict]]
@@ -35,26 +36,15 @@ class _Window:
 
 
 async def split_events(chunks: AsyncIterator[bytes], limit: int) -> AsyncIterator[bytes]:
-    """The stream's events, each with its blank-line end; one event over `limit` bytes is an error (the guard cannot
-    hold it), and a last event without its end is given as it is."""
-    buffer = b""
+    """The stream's events, each with its blank-line end (router/_asgi/sse.py); one event over `limit` bytes is an
+    error (the guard cannot hold it), and a last event without its end is given as it is."""
+    reader = EventReader(limit, "answer.max_answer_bytes")
     async for chunk in chunks:
-        buffer += chunk
-        while True:
-            ends = [(i, n) for i, n in ((buffer.find(b"\n\n"), 2), (buffer.find(b"\r\n\r\n"), 4)) if i >= 0]
-            if not ends:
-                break
-            at, size = min(ends)
-            yield buffer[: at + size]
-            buffer = buffer[at + size :]
-        if len(buffer) > limit:
-            raise EventTooLarge(f"a streamed event is larger than answer.max_answer_bytes ({limit})")
-    if buffer.strip():
-        yield buffer
-
-
-class EventTooLarge(Exception):
-    pass
+        for event in reader.feed(chunk):
+            yield event
+    rest = reader.close()
+    if rest.strip():
+        yield rest
 
 
 async def stream_judged(
@@ -135,7 +125,7 @@ async def stream_judged(
                 holding += len(event)
                 if holding > guard.max_answer_bytes:  # a tool call that never completes is not held for ever
                     raise EventTooLarge(f"more than answer.max_answer_bytes ({guard.max_answer_bytes}) held unjudged")
-                data = event_data(event)
+                data = json_data(event)
                 if data is not None:
                     follow(data, seen)
                     if on_response is not None and isinstance(data.get("response"), dict):
