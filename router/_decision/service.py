@@ -221,6 +221,10 @@ class RouterService:
         """Cancel what runs in the background (shadow decisions still being asked) and wait for it."""
         await self.shadows.aclose()
 
+    def write_line(self, entry: dict[str, Any]) -> None:
+        """One line of the decision log, as a decision's (an answer guard's judgement: router/_decision/judge.py)."""
+        self._write(entry)
+
     def _write(self, entry: dict[str, Any]) -> None:
         """One line: to the faces' `DecisionLog` (queued, never raising), or to a stream a library caller gave."""
         log = self.decision_log
