@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from d3backend import Answer, EngineError
-from policies import AnswerGuard, AnswerVerdict
-from router._apis.answers import Answered, Call
+from policies import AnswerGuard, AnswerVerdict, Block, Policy, Replace
+from router._apis.answers import Answered, Call, read_answer
 from router._decision.record import D3Decision, _answer_json
-from router._decision.service import RouterService
+from router._decision.service import Explainer, RouterService
+from router._errors import BadRequest
 from router._observe import tracing
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,12 @@ async def judge(
                                         window) for first, text in slices(answered.text, guard)))  # fmt: skip
     for index, judgement in enumerate(judged):
         log(service, d3.policy, judgement, request_id, caller, window, index if len(judged) > 1 else None)
+    return combined(judged)
+
+
+def combined(judged: Sequence[Judgement]) -> AnswerVerdict:
+    """The verdict of an answer judged in slices: the first slice a rule stops (or the engine failed on), with the
+    tags of the slices up to it; else the last."""
     tags: dict[str, str] = {}
     for judgement in judged:
         tags.update(judgement.verdict.tags)
@@ -159,3 +166,89 @@ def log(service: RouterService, policy: str, judged: Judgement, request_id: str,
 
 def json_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+# --- explain for an answer (`POST /v1/d3/explain` with `d3_answer`) ----------------------------------------------
+async def explain(service: RouterService, policy: Policy, d3: D3Decision, given: Any, api: str) -> dict[str, Any]:
+    """What the policy's answer guard says of the answer `given` (as a whole answer is judged: in slices of
+    `max_chars`), each engine call's state, answers and rule trace; nothing is logged. `BadRequest` when the policy
+    has no answer guard or `given` is not an answer."""
+    guard = policy.answer
+    if guard is None:
+        raise BadRequest(f"policy {policy.name!r} has no answer guard to judge `d3_answer` with")
+    answered = given_answer(given, api)
+    if guard.questions:
+        parts = slices(answered.text, guard)
+        judged = list(await asyncio.gather(*(ask(service, guard, policy.name, answer_state(
+            guard, d3.state.state, text, answered.calls if first else [])) for first, text in parts)))  # fmt: skip
+        verdict = combined(judged)
+    else:
+        judged, verdict = [], guard.evaluate({})
+    action = verdict.action
+    return {
+        "read": guard.read,
+        "context": guard.context,
+        "text_chars": len(answered.text),
+        "tool_calls": [{"name": call.name, "arguments": call.arguments} for call in answered.calls],
+        "questions": {qid: question.to_wire() for qid, question in guard.questions.items()},
+        "judgements": [_judgement_json(j) for j in judged],
+        "verdict": {
+            "rule": verdict.rule or "-",
+            "outcome": "pass" if action is None else action.kind,
+            **({"status": action.status, "message": action.message} if isinstance(action, Block) else {}),
+            **({"text": action.text} if isinstance(action, Replace) else {}),
+            "tags": dict(verdict.tags),
+            "degraded": verdict.degraded,
+            "trace": _trace(verdict),
+        },
+    }
+
+
+def _judgement_json(j: Judgement) -> dict[str, Any]:
+    return {"state": j.state, "answers": {qid: _answer_json(a) for qid, a in j.answers.items()},
+            "rule": j.verdict.rule or "-", "outcome": j.outcome, "trace": _trace(j.verdict), "engine_error": j.error,
+            "cached": j.cached, "decision_ms": round(j.ms, 3)}  # fmt: skip
+
+
+def _trace(verdict: AnswerVerdict) -> list[dict[str, Any]]:
+    return [{"rule": s.rule, "when": s.when, "matched": s.matched} for s in verdict.trace]
+
+
+def given_answer(given: Any, api: str) -> Answered:
+    """`d3_answer` as an answer: `{"text": ..., "tool_calls": [{"name", "arguments"}]}` (or a string, the text),
+    `{"body": {...}}` (an answer in the API's JSON shape) or `{"events": "data: ..."}` (a stream's bytes, as text)."""
+    if isinstance(given, str):
+        return Answered(given)
+    if isinstance(given, dict) and set(given) <= {"text", "tool_calls"} and given:
+        calls = given.get("tool_calls", [])
+        if isinstance(given.get("text", ""), str) and isinstance(calls, list) and all(
+            isinstance(call, dict) and isinstance(call.get("name"), str) for call in calls
+        ):  # fmt: skip
+            return Answered(given.get("text", ""), [Call(call["name"], _arguments(call.get("arguments", "")))
+                                                    for call in calls])  # fmt: skip
+    elif isinstance(given, dict) and set(given) == {"body"} and isinstance(given["body"], dict):
+        return read_answer(api, json.dumps(given["body"]).encode(), streamed=False)
+    elif isinstance(given, dict) and set(given) == {"events"} and isinstance(given["events"], str):
+        return read_answer(api, given["events"].encode(), streamed=True)
+    raise BadRequest(
+        '`d3_answer` must be {"text": "...", "tool_calls": [{"name": "...", "arguments": "..."}]}, '
+        '{"body": ANSWER} (the API\'s JSON answer) or {"events": "data: ..."} (a stream as text)'
+    )
+
+
+def _arguments(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def answer_explainer(service: RouterService, body: dict[str, Any], api: str
+                     ) -> tuple[dict[str, Any], Explainer | None]:  # fmt: skip
+    """Explain's request body without its `d3_answer`, and what explains the answer guard's verdict on that answer
+    (None when the body gives none)."""
+    if "d3_answer" not in body:
+        return body, None
+    given = body["d3_answer"]
+
+    async def explained(policy: Policy, d3: D3Decision) -> dict[str, Any]:
+        return await explain(service, policy, d3, given, api)
+
+    return {key: value for key, value in body.items() if key != "d3_answer"}, explained

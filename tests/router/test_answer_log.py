@@ -205,3 +205,74 @@ async def test_each_judgement_is_a_span_under_the_upstream_attempt(spans: InMemo
     answer_ids = {span.context.span_id for span in judged}
     assert sum(1 for span in engines if span.parent is not None and span.parent.span_id in answer_ids) == len(judged)
     assert all(MARKER not in json.dumps(dict(span.attributes or {})) for span in finished.values())
+
+
+async def explained(body: dict[str, Any], query: str = "") -> httpx.Response:
+    text = config_text(states=False) + "  plain:\n    rules: [{name: default, route: up}]\n"
+    text = text.replace("server: {default_policy: guarded}",
+                                             "server: {default_policy: guarded, admin_token_env: D3_ADMIN}")  # fmt: skip
+    app: ProxyApp = create_app(parse_config(text, "c.yaml"), engine=FakeEngine(verdicts),
+                               transport=httpx.AsyncHTTPTransport(), environ={"D3_ADMIN": "admin"})  # fmt: skip
+    with respx.mock(assert_all_mocked=True):  # no upstream is called
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router",
+                                     headers={"x-d3-admin-token": "admin"}) as http:  # fmt: skip
+            response = await http.post("/v1/d3/explain" + query, json=body)
+    await app.aclose()
+    return response
+
+
+async def test_explain_judges_a_given_answer_with_the_policys_answer_guard() -> None:
+    call = {"name": "shell", "arguments": '{"command": "rm -rf ~"}'}
+    body = {**request("chat", False), "d3_answer": {"text": "Sure, cleaning up.", "tool_calls": [call]}}
+    response = await explained(body)
+    assert response.status_code == 200
+    payload = response.json()
+    assert payload["decision"]["rule"] == "default", "the request's own explain is as it was"
+    answer = payload["answer"]
+    assert answer["verdict"] == {
+        "rule": "no-destruction", "outcome": "block", "status": 403, "message": "That command was refused.",
+        "tags": {}, "degraded": False,
+        "trace": [{"rule": "no-destruction", "when": "destructive > 0.8", "matched": True}],
+    }  # fmt: skip
+    (judged,) = answer["judgements"]
+    assert judged["state"] == {"request": "What is in the vault?", "answer": "Sure, cleaning up.",
+                               "tool_calls": [call]}  # fmt: skip
+    assert judged["answers"]["destructive"]["noul"] == 0.99 and set(answer["questions"]) == {"leak", "destructive"}
+
+
+@pytest.mark.parametrize(
+    ("given", "query", "rule"),
+    [
+        (MARKER, "", "no-leak"),
+        ({"body": json.loads(answer("messages", False, f"it is {MARKER}")[0])}, "?api=messages", "no-leak"),
+        ({"events": answer("responses", True, f"it is {MARKER}")[0].decode()}, "?api=responses", "no-leak"),
+        ({"text": "all clear"}, "", "-"),
+    ],
+)
+async def test_explain_reads_an_answer_as_text_an_apis_body_or_a_stream(given: Any, query: str, rule: str) -> None:
+    api = query.removeprefix("?api=") or "chat"
+    response = await explained({**request(api, False), "d3_answer": given}, query)
+    assert response.status_code == 200, response.text
+    assert response.json()["answer"]["verdict"]["rule"] == rule
+
+
+async def test_explain_refuses_what_is_not_an_answer() -> None:
+    response = await explained({**request("chat", False), "d3_answer": {"text": 3}})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("`d3_answer` must be {")
+
+
+async def test_explain_of_an_answer_needs_an_answer_guard() -> None:
+    response = await explained({**request("chat", False), "model": "plain", "d3_answer": "hello"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == "policy 'plain' has no answer guard to judge `d3_answer` with"
+
+
+def test_the_explain_command_judges_a_given_answer(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr("router._decision.engines.build_engine", lambda *args, **kwargs: FakeEngine(verdicts))
+    config = write(tmp_path, "router.yaml", config_text(states=False))
+    body = write(tmp_path, "body.json", json.dumps({**request("chat", False), "d3_answer": f"the code is {MARKER}"}))
+    assert main(["explain", config, body]) == 0
+    verdict = json.loads(capsys.readouterr().out)["answer"]["verdict"]
+    assert (verdict["rule"], verdict["outcome"], verdict["status"]) == ("no-leak", "block", 451)
