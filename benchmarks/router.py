@@ -317,6 +317,10 @@ def main() -> None:
             rows += interleaved(targets + plain_peers, levels, requests, rounds)
         rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
         extra["streaming"] = streaming(slow, requests // 10 or 10, rounds, peers)
+        if args.only and picked(args.only, "answer guard, 2,000-token stream"):  # asked by name only: ~1 min
+            from benchmarks import _answerrows  # (it imports this module)
+
+            extra["answer stream"] = _answerrows.rows(requests=2 if args.quick else 8, rounds=rounds)
         if any(picked(args.only, f"d3router serve, remote engine, {n}") for n in ("1 worker", "2 workers")):
             rows += workers(work, upstream, levels, requests, rounds)
         if not args.no_engine and picked(args.only, "d3router real engine (no cache)"):

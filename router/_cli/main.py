@@ -223,13 +223,14 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from router._apis.body import parse_json
     from router._apis.registry import detect
     from router._decision.engines import build_engine, start_engine
+    from router._decision.judge import answer_explainer
     from router._decision.service import RouterService
     from router._errors import BadRequest
 
     try:
         raw = sys.stdin.buffer.read() if args.body == "-" else Path(args.body).read_bytes()
         body = parse_json(raw)
-        api = detect(body, args.api)
+        api = detect({key: value for key, value in body.items() if key != "d3_answer"}, args.api)
     except OSError as exc:
         print(f"error: cannot read {args.body}: {exc.strerror or exc}", file=err)
         return EXIT_INVALID
@@ -242,7 +243,9 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=os.environ) if needs else None
         try:
             await start_engine(engine)
-            return await RouterService(config, engine).explain(body, api)
+            service = RouterService(config, engine)
+            request, answer = answer_explainer(service, body, api.name)
+            return await service.explain(request, api, answer=answer)
         finally:
             if engine is not None:
                 await engine.aclose()

@@ -3,6 +3,7 @@
 d3router replay CONFIG TRAFFIC.jsonl [--against OTHER] [--json] [--html OUT] [--min-accuracy X] [--max-changed N]
 d3router calibrate CONFIG TRAFFIC.jsonl --rule R | --condition 'jailbreak > 0.9' [--min-recall X | --max-share X]
                    [--engine NAME]        (an engine of engine.pool alone: calibrate per engine, issue 28)
+                   [--answer]             (a rule of the answer guard, fitted on answer log lines)
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def add_parsers(commands: Any) -> None:
     _common(cal)
     cal.add_argument("--rule", help="the rule whose `NAME OP NUMBER` threshold to calibrate")
     cal.add_argument("--condition", help="the comparison to calibrate, e.g. 'jailbreak > 0.9'")
+    cal.add_argument("--answer", action="store_true",
+                     help="a rule of the policy's answer guard, fitted on answer log lines (kind: answer)")  # fmt: skip
     target = cal.add_mutually_exclusive_group()
     target.add_argument("--target", choices=["best-f1"], default="best-f1", help="the best F1 (default)")
     target.add_argument("--min-recall", type=float, metavar="X", help="the best precision with recall >= X")
@@ -241,7 +244,7 @@ def calibrate_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
         print(f"error: {config.file} has several policies; name one with --policy", file=err)
         return EXIT_INVALID
     try:
-        threshold = find_threshold(config, policy, rule=args.rule, condition=args.condition)
+        threshold = find_threshold(config, policy, rule=args.rule, condition=args.condition, answer=args.answer)
     except CalibrationError as exc:
         print(f"error: {exc}", file=err)
         return EXIT_INVALID
