@@ -60,11 +60,12 @@ def response_usage(usage: Any) -> Body | None:
         return None
     prompt = usage.get("prompt_tokens") or 0
     completion = usage.get("completion_tokens") or 0
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    details = usage.get("prompt_tokens_details") or {}
+    cached, written = details.get("cached_tokens") or 0, details.get("cache_write_tokens") or 0
     reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": usage.get("total_tokens") or prompt + completion,
@@ -77,13 +78,14 @@ def chat_usage(usage: Any) -> Body | None:
         return None
     prompt = usage.get("input_tokens") or 0
     completion = usage.get("output_tokens") or 0
-    cached = (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
+    details = usage.get("input_tokens_details") or {}
+    cached, written = details.get("cached_tokens") or 0, details.get("cache_write_tokens") or 0
     reasoning = (usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": usage.get("total_tokens") or prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
         "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
 

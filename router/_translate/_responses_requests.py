@@ -168,6 +168,8 @@ def _input_messages(items: Any, where: str, lost: list[str]) -> list[Body]:
 
 
 def _assistant_content(content: Any, lost: list[str]) -> Any:
+    """An assistant message's parts as chat content: one string when they are all text (what every chat template
+    reads), else text and refusal parts."""
     if isinstance(content, str) or content is None:
         return content
     parts: list[Body] = []
@@ -181,6 +183,8 @@ def _assistant_content(content: Any, lost: list[str]) -> Any:
             parts.append({"type": "refusal", "refusal": part.get("refusal", "")})
         else:
             named(lost, f"assistant_{kind}_dropped")
+    if all(part["type"] == "text" for part in parts):
+        return "".join(part["text"] for part in parts)
     return parts
 
 
