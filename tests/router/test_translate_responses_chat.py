@@ -44,7 +44,8 @@ def chat_sse(*chunks: dict[str, Any] | str) -> list[bytes]:
 def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, usage: dict[str, Any] | None = None
           ) -> dict[str, Any]:  # fmt: skip
     choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
-    body: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 7, "model": "up", "choices": choices}
+    body: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 7, "model": "up"}
+    body["choices"] = choices
     if usage is not None:
         body["usage"] = usage
     return body
@@ -281,7 +282,8 @@ def test_response_as_a_chat_completion() -> None:
     assert (choice.finish_reason, choice.message.content) == ("tool_calls", "Hi")
     assert choice.message.tool_calls is not None and choice.message.tool_calls[0].id == "call_1"
     assert body["choices"][0]["message"]["reasoning_content"] == "Hmm."
-    assert completion.usage is not None and (completion.usage.prompt_tokens, completion.usage.completion_tokens) == (3, 2)
+    usage = completion.usage
+    assert usage is not None and (usage.prompt_tokens, usage.completion_tokens) == (3, 2)
     incomplete = {**response, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"}}
     assert over_responses().answer(incomplete)[0]["choices"][0]["finish_reason"] == "length"
 
