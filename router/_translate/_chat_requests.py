@@ -5,7 +5,7 @@
     # body == {"model": "m", "instructions": "Be brief.", "input": [{"type": "message", "role": "user",
     #          "content": "hi"}], "store": False}, lost == []
 
-A leading system message is the `instructions`; tool calls and tool messages are `function_call` and
+A leading system message (a string) is the `instructions`; tool calls and tool messages are `function_call` and
 `function_call_output` items with their call ids (custom tools' `custom_tool_call(_output)`). Fields the Responses
 API has no place for (`stop`, `n` above 1, the penalties, `seed`, `logit_bias`, audio, ...) are named
 `NAME_dropped`; a chat model's `reasoning_content` sent back is never passed on to a model that did not make it.
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from router._translate._responses_requests import SAME, dicts, text_of
+from router._translate._responses_requests import SAME, dicts
 from router._translate.base import Body, named
 
 
@@ -26,8 +26,8 @@ def chat_to_responses(body: Body) -> tuple[Body, list[str]]:
     lost: list[str] = []
     out: Body = {key: body[key] for key in SAME if key in body and key != "top_logprobs"}
     messages = dicts(body.get("messages", []), "messages")
-    if messages and messages[0].get("role") == "system" and _is_text(messages[0].get("content")):
-        out["instructions"] = text_of(messages[0]["content"])
+    if messages and messages[0].get("role") == "system" and isinstance(messages[0].get("content"), str):
+        out["instructions"] = messages[0]["content"]
         messages = messages[1:]
     out["input"] = _input_items(messages, lost)
     tools = [_responses_tool(tool, lost) for tool in dicts(body.get("tools", []), "tools")]
@@ -71,12 +71,6 @@ def chat_to_responses(body: Body) -> tuple[Body, list[str]]:
         if key not in known and not (key == "n" and value == 1) and value is not None:
             named(lost, f"{key}_dropped")
     return out, lost
-
-
-def _is_text(content: Any) -> bool:
-    return isinstance(content, str) or (
-        isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" for part in content)
-    )
 
 
 def _input_items(messages: list[Body], lost: list[str]) -> list[Body]:

@@ -84,8 +84,10 @@ def responses_to_chat(body: Body) -> tuple[Body, list[str]]:
         out["tools"] = tools
     if body.get("tool_choice") is not None:
         choice = _chat_tool_choice(body["tool_choice"], lost)
-        if choice is not None and (tools or choice == "none"):
+        if choice is not None and tools:
             out["tool_choice"] = choice
+        elif choice not in (None, "auto", "none"):
+            named(lost, "tool_choice_dropped")  # no tool left to choose (chat refuses a choice without tools)
     if body.get("max_output_tokens") is not None:
         out["max_completion_tokens"] = body["max_output_tokens"]
     reasoning = body.get("reasoning") or {}
