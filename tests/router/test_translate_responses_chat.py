@@ -337,3 +337,36 @@ def test_responses_reaches_messages_through_chat() -> None:
     assert composed is not None and composed.upstream_path == "/messages"
     body, lost = composed.request({"model": "m", "instructions": "Be brief.", "input": "hi", "stop": None})
     assert body["system"] and body["messages"][0]["role"] == "user" and lost == []
+
+
+def test_custom_tools_both_ways() -> None:
+    body = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": "Patch it."},
+            {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": "*** Begin Patch"},
+            {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done."},
+        ],
+        "tools": [{"type": "custom", "name": "apply_patch", "description": "Patch.", "format": {"type": "text"}}],
+    }
+    chat, lost = over_chat().request(body)
+    assert chat["messages"][1:] == [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_p", "type": "custom", "custom": {"name": "apply_patch", "input": "*** Begin Patch"}}]},
+        {"role": "tool", "tool_call_id": "call_p", "content": "Done."},
+    ]  # fmt: skip
+    assert chat["tools"] == [{"type": "custom", "custom": {"name": "apply_patch", "description": "Patch.",
+                                                           "format": {"type": "text"}}}]  # fmt: skip
+    back, more = over_responses().request(chat)
+    assert back["input"][1:] == body["input"][1:] and back["tools"] == body["tools"] and lost == more == []
+    answer = {**COMPLETION, "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"tool_calls": [
+        {"id": "call_q", "type": "custom", "custom": {"name": "apply_patch", "input": "x"}}]}}]}  # fmt: skip
+    item = Response.model_validate(over_chat().answer(answer)[0]).output[0]
+    assert item.type == "custom_tool_call" and (item.call_id, item.name, item.input) == ("call_q", "apply_patch", "x")
+    again = ChatCompletion.model_validate(over_responses().answer(item_response(item.model_dump()))[0])
+    assert again.choices[0].message.tool_calls is not None and again.choices[0].finish_reason == "tool_calls"
+
+
+def item_response(item: dict[str, Any]) -> dict[str, Any]:
+    return {"id": "resp_1", "object": "response", "created_at": 1, "model": "up", "status": "completed",
+            "output": [item]}  # fmt: skip
