@@ -14,9 +14,13 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
+from router._translate._responses_requests import flat_name, namespaces
 from router._translate.base import Body, named
+
+Spaces = Mapping[str, tuple[str, str]] | None
 
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 FINISHED = {reason: finish for finish, reason in INCOMPLETE.items()}
@@ -119,8 +123,16 @@ def reasoning_item(text: str, item_id: str | None = None) -> Body:
     }
 
 
-def call_item(call: Body, item_id: str | None = None, status: str = "completed") -> Body:
-    """A chat tool call as a `function_call` (or `custom_tool_call`) output item."""
+def call_item(call: Body, item_id: str | None = None, status: str = "completed", spaces: Spaces = None) -> Body:
+    """A chat tool call as a `function_call` (or `custom_tool_call`) output item; a flat name of a namespaced tool
+    (`spaces`, from the request) is its namespace and name again."""
+    item = _call_item(call, item_id, status)
+    if spaces and item["name"] in spaces:
+        item["namespace"], item["name"] = spaces[item["name"]]
+    return item
+
+
+def _call_item(call: Body, item_id: str | None, status: str) -> Body:
     if call.get("type") == "custom":
         custom = call.get("custom") or {}
         return {
@@ -170,7 +182,8 @@ def chat_to_response(answer: Body, asked: Body | None = None) -> tuple[Body, lis
         output.append(
             {"id": new_id("msg"), "type": "message", "role": "assistant", "status": "completed", "content": parts}
         )
-    output.extend(call_item(call) for call in message.get("tool_calls") or () if isinstance(call, dict))
+    spaces = namespaces(asked or {})
+    output.extend(call_item(call, spaces=spaces) for call in message.get("tool_calls") or () if isinstance(call, dict))
     status, incomplete = status_of(choice.get("finish_reason"))
     response = {
         "id": new_id("resp"),
@@ -209,7 +222,10 @@ def response_to_chat(response: Body) -> tuple[Body, list[str]]:
                 {
                     "id": item.get("call_id"),
                     "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""},
+                    "function": {
+                        "name": flat_name(item.get("namespace"), item.get("name")),
+                        "arguments": item.get("arguments") or "",
+                    },
                 }
             )
         elif kind == "custom_tool_call":
@@ -217,7 +233,10 @@ def response_to_chat(response: Body) -> tuple[Body, list[str]]:
                 {
                     "id": item.get("call_id"),
                     "type": "custom",
-                    "custom": {"name": item.get("name"), "input": item.get("input") or ""},
+                    "custom": {
+                        "name": flat_name(item.get("namespace"), item.get("name")),
+                        "input": item.get("input") or "",
+                    },
                 }
             )
         elif kind == "reasoning":

@@ -79,7 +79,7 @@ def responses_to_chat(body: Body) -> tuple[Body, list[str]]:
     elif items is not None:
         messages.extend(_input_messages(items, "input", lost))
     out["messages"] = messages
-    tools = [tool for tool in (_chat_tool(tool, lost) for tool in dicts(body.get("tools", []), "tools")) if tool]
+    tools = [tool for tool in (_chat_tool(tool, lost) for tool in _flat_tools(body.get("tools", []))) if tool]
     if tools:
         out["tools"] = tools
     if body.get("tool_choice") is not None:
@@ -140,17 +140,18 @@ def _input_messages(items: Any, where: str, lost: list[str]) -> list[Body]:
                 role = "system" if role == "developer" else role  # chat's system and developer mean the same
                 messages.append({"role": role, "content": _chat_content(content, f"{where}.content", lost)})
         elif kind in ("function_call", "custom_tool_call"):
+            name = flat_name(item.get("namespace"), item.get("name"))
             if kind == "function_call":
                 call = {
                     "id": item.get("call_id"),
                     "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+                    "function": {"name": name, "arguments": item.get("arguments", "")},
                 }
             else:
                 call = {
                     "id": item.get("call_id"),
                     "type": "custom",
-                    "custom": {"name": item.get("name"), "input": item.get("input", "")},
+                    "custom": {"name": name, "input": item.get("input", "")},
                 }
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
@@ -214,6 +215,40 @@ def _chat_content(content: Any, where: str, lost: list[str], *, tool: bool = Fal
         else:
             named(lost, "image_file_id_dropped" if kind == "input_image" else f"{kind}_part_dropped")
     return parts
+
+
+NAMESPACED = "__"  # a namespace's tool `name` in `ns` is chat's function `ns__name`
+
+
+def flat_name(namespace: Any, name: Any) -> Any:
+    return f"{namespace}{NAMESPACED}{name}" if isinstance(namespace, str) and namespace else name
+
+
+def _flat_tools(tools: Any) -> list[Body]:
+    """The tools, a `namespace` tool's own tools (Codex groups its sub-agent tools so) taken out of it and named
+    `NAMESPACE__NAME`: chat has no namespaces, and its function names allow `_`."""
+    flat: list[Body] = []
+    for tool in dicts(tools, "tools"):
+        if tool.get("type") == "namespace":
+            namespace = tool.get("name")
+            flat.extend(
+                {**inner, "name": flat_name(namespace, inner.get("name"))}
+                for inner in dicts(tool.get("tools", []), "tools")
+            )
+        else:
+            flat.append(tool)
+    return flat
+
+
+def namespaces(body: Body) -> dict[str, tuple[str, str]]:
+    """The request's namespaced tools: chat's flat name -> (namespace, name), to name the calls back."""
+    found: dict[str, tuple[str, str]] = {}
+    for tool in body.get("tools") or ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+            for inner in tool["tools"]:
+                if isinstance(inner, dict) and isinstance(inner.get("name"), str):
+                    found[flat_name(tool.get("name"), inner["name"])] = (str(tool.get("name")), inner["name"])
+    return found
 
 
 def _chat_tool(tool: Body, lost: list[str]) -> Body | None:

@@ -26,6 +26,7 @@ from router._translate._responses_answers import (
     response_usage,
     status_of,
 )
+from router._translate._responses_requests import flat_name, namespaces
 from router._translate.base import Body, EventTranslator, SseEvent, sse
 
 
@@ -35,6 +36,7 @@ class ResponsesFromChat(EventTranslator):
     def __init__(self, asked: Body | None = None) -> None:
         super().__init__()
         self.asked = asked
+        self.spaces = namespaces(asked or {})
         self.sequence = 0
         self.response: Body | None = None
         self.output: list[Body] = []  # the items as they stand, in output order
@@ -180,6 +182,7 @@ class ResponsesFromChat(EventTranslator):
             item = call_item(
                 {**call, "function": {**function, "arguments": ""}, "custom": {**function, "input": ""}},
                 status="in_progress",
+                spaces=self.spaces,
             )
             self.output.append(item)
             out += self._event("response.output_item.added", output_index=index, item=dict(item))
@@ -325,14 +328,20 @@ class ChatFromResponses(EventTranslator):
                 "index": position,
                 "id": item.get("call_id"),
                 "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments") or ""},
+                "function": {
+                    "name": flat_name(item.get("namespace"), item.get("name")),
+                    "arguments": item.get("arguments") or "",
+                },
             }
         else:
             call = {
                 "index": position,
                 "id": item.get("call_id"),
                 "type": "custom",
-                "custom": {"name": item.get("name"), "input": item.get("input") or ""},
+                "custom": {
+                    "name": flat_name(item.get("namespace"), item.get("name")),
+                    "input": item.get("input") or "",
+                },
             }
         return self._chunk({"tool_calls": [call]})
 

@@ -370,3 +370,27 @@ def test_custom_tools_both_ways() -> None:
 def item_response(item: dict[str, Any]) -> dict[str, Any]:
     return {"id": "resp_1", "object": "response", "created_at": 1, "model": "up", "status": "completed",
             "output": [item]}  # fmt: skip
+
+
+def test_namespaced_tools_are_flat_in_chat_and_named_again_in_the_answer() -> None:
+    """Codex groups its sub-agent tools in a `namespace` tool: chat gets them as `NAMESPACE__NAME` functions, and a
+    call of one comes back with its namespace and name."""
+    spawn = {"type": "function", "name": "spawn", "parameters": {"type": "object"}, "strict": False}
+    body = {"model": "m", "input": [
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "c1", "namespace": "agents", "name": "spawn", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "spawned"},
+    ], "tools": [{"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [spawn]}]}  # fmt: skip
+    tr = over_chat()
+    chat, lost = tr.request(body)
+    assert chat["tools"] == [{"type": "function", "function": {"name": "agents__spawn", "parameters": {"type": "object"},
+                                                               "strict": False}}]  # fmt: skip
+    assert chat["messages"][1]["tool_calls"][0]["function"]["name"] == "agents__spawn" and lost == []
+    call = {"id": "c2", "type": "function", "function": {"name": "agents__spawn", "arguments": "{}"}}
+    answer = {**COMPLETION, "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"tool_calls": [call]}}]}
+    item = Response.model_validate(tr.answer(answer)[0]).output[0]
+    assert item.type == "function_call" and (item.namespace, item.name) == ("agents", "spawn")
+    stream = tr.stream()
+    raw = b"".join(stream.feed(piece) for piece in chat_sse(chunk({"tool_calls": [{"index": 0, **call}]}), "[DONE]"))
+    added = [e for e in events(raw + stream.flush()) if e["type"] == "response.output_item.added"]
+    assert (added[0]["item"]["namespace"], added[0]["item"]["name"]) == ("agents", "spawn")
