@@ -71,16 +71,22 @@ class MessagesOverChat:
         if any(tools):
             out["tools"] = [tool for tool in tools if tool]
         _tool_choice(body.get("tool_choice"), out, lost)
+        found = body.get("output_config")
+        config: Body = found if isinstance(found, dict) else {}
         thinking = body.get("thinking")
-        if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+        if isinstance(config.get("effort"), str):
+            out["reasoning_effort"] = config["effort"]
+        elif isinstance(thinking, dict) and thinking.get("type") == "enabled":
             out["reasoning_effort"] = effort(thinking.get("budget_tokens"))
+        elif isinstance(thinking, dict) and thinking.get("type") == "disabled":
+            out["reasoning_effort"] = "none"
         metadata = body.get("metadata")
         if isinstance(metadata, dict):
             if isinstance(metadata.get("user_id"), str):
                 out["user"] = metadata["user_id"]
             if set(metadata) - {"user_id"}:
                 named(lost, "metadata_dropped")
-        output = body.get("output_format")
+        output = config.get("format") or body.get("output_format")  # output_format: the beta's name
         if isinstance(output, dict) and output.get("type") == "json_schema":
             schema = {"name": "output", "schema": output.get("schema") or {}}
             out["response_format"] = {"type": "json_schema", "json_schema": schema}
