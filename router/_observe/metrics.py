@@ -118,6 +118,13 @@ class Metrics:
         self.upstream_errors: Counts[tuple[str, str]] = self.counter(
             "d3router_upstream_errors", "Upstream attempts that failed, by upstream and kind.", ("upstream", "kind")
         )
+        self.translation_losses: Counts[tuple[str, str, str]] = self.counter(
+            "d3router_translation_losses",
+            "What a translated request or answer could not carry (docs/translation.md), by client API, upstream API "
+            "and loss.",
+            ("client", "upstream", "loss"),
+        )
+        self.translation_loss_names: set[str] = set()  # the loss label values so far (bounded: router/_faces)
         decision = Histogram("d3router_decision_seconds", "Time to decide (engine call or cache), by policy.",
                              ("policy",), buckets=LATENCY_BUCKETS_S, registry=self._own)  # fmt: skip
         upstream = Histogram("d3router_upstream_seconds", "Time to the upstream's response headers, by upstream.",

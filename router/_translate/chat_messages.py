@@ -20,7 +20,7 @@ from typing import Any
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, error_message, named, sse
+from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, named, sse
 from router._translate.registry import pair
 
 DEFAULT_MAX_TOKENS = 4096
@@ -69,7 +69,7 @@ class ChatOverMessages:
             elif role == "user":
                 _append(messages, "user", _blocks(message.get("content"), lost, cache, images=True))
             else:  # `function`, the legacy tool result, has no id to answer
-                named(lost, f"{role}_message_dropped")
+                named(lost, dropped(role, "message_dropped"))
         out: Body = {"model": body.get("model"), "messages": messages}
         if system:
             out["system"] = system
@@ -139,7 +139,7 @@ class ChatOverMessages:
             elif kind == "tool_use":
                 calls.append(_call(block, len(calls)))
             else:
-                named(lost, f"{kind}_dropped")  # redacted thinking, server tools' blocks
+                named(lost, dropped(kind))  # redacted thinking, server tools' blocks
         message: Body = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
         if thinking:
             message["reasoning_content"] = "\n".join(thinking)
@@ -211,7 +211,7 @@ def _blocks(content: Any, lost: list[str], cache: list[int], *, images: bool) ->
         elif kind == "image_url" and images:
             block = _image(part.get("image_url"), lost)
         else:
-            named(lost, f"{kind}_part_dropped")  # audio, files; images where Messages takes text only
+            named(lost, dropped(kind, "part_dropped"))  # audio, files; images where Messages takes text only
         if block is not None:
             _cache(part, block, cache)
             blocks.append(block)
@@ -318,7 +318,7 @@ class MessagesToChatStream(EventTranslator):
                         "function": {"name": block.get("name", ""), "arguments": ""}}  # fmt: skip
                 return self.chunk({"tool_calls": [call]})
             if block.get("type") not in ("text", "thinking"):
-                self.lose(f"{block.get('type')}_dropped")
+                self.lose(dropped(block.get("type")))
             return b""
         if kind == "content_block_delta":
             return self.delta(data)

@@ -18,7 +18,7 @@ from typing import Any
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, error_message, named, sse
+from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, named, sse
 from router._translate.registry import pair
 
 # A thinking budget as chat's reasoning effort: up to 4k tokens is low, up to 16k medium, more high.
@@ -192,7 +192,7 @@ def _text(value: Any, lost: list[str]) -> str:
             if block.get("type") == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             else:
-                named(lost, f"{block.get('type')}_dropped")
+                named(lost, dropped(block.get("type")))
     return "\n".join(texts)
 
 
@@ -245,7 +245,7 @@ def _message(message: Body, lost: list[str]) -> list[Body]:
         elif kind == "redacted_thinking":
             named(lost, "redacted_thinking_dropped")
         else:  # documents, search results, server tools' blocks
-            named(lost, f"{kind}_dropped")
+            named(lost, dropped(kind))
     out = list(results)
     if role == "assistant":
         text = "\n".join(part["text"] for part in parts if part["type"] == "text")
