@@ -17,6 +17,7 @@ them (docs/translation.md).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -146,6 +147,16 @@ class EventTranslator:
 
     def error(self, message: str) -> bytes:  # pragma: no cover - each translator has its own
         raise NotImplementedError
+
+
+_LOSS = re.compile(r"[a-z][a-z0-9_]{0,47}")
+
+
+def dropped(kind: Any, suffix: str = "dropped") -> str:
+    """The loss of a block or part of type `kind` (a client's own word: used only when it is a short snake_case
+    name, else `unknown`), e.g. `document_dropped`."""
+    word = kind if isinstance(kind, str) and _LOSS.fullmatch(kind) else "unknown"
+    return f"{word}_{suffix}"
 
 
 def named(losses: list[str], name: str) -> None:

@@ -4,9 +4,10 @@
     messages_body, lost = tr.request(chat_body)   # system messages -> `system`, tool messages -> tool_result blocks
     completion, lost = tr.answer(message)         # content blocks -> message, stop_reason -> finish_reason
 
-Messages requires `max_tokens`: a request without one gets `DEFAULT_MAX_TOKENS`. What Messages cannot hold is
-named (docs/translation.md): n, penalties, logprobs, seed, a temperature over 1, cache_control past the four blocks
-Anthropic allows; of the answer, thinking signatures (a chat client cannot send them back).
+Messages requires `max_tokens`: a request without one gets `DEFAULT_MAX_TOKENS`. `reasoning_effort` is Messages'
+`output_config.effort`, `response_format`'s JSON schema its `output_config.format`. What Messages cannot hold is named
+(docs/translation.md): temperature, top_p, n, penalties, logprobs, seed, cache_control past the four blocks Anthropic
+allows; of the answer, thinking signatures (a chat client cannot send them back).
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from typing import Any
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, error_message, named, sse
+from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, named, sse
 from router._translate.registry import pair
 
 DEFAULT_MAX_TOKENS = 4096
 MAX_CACHE_BLOCKS = 4  # Anthropic refuses a request with more cache_control blocks
-BUDGETS = {"minimal": 1024, "low": 2048, "medium": 8192, "high": 24576}
+EFFORTS = frozenset({"low", "medium", "high", "xhigh", "max"})  # Messages' output_config.effort, as chat's
 FINISH_REASONS = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls",
                   "refusal": "content_filter", "pause_turn": "stop",
                   "model_context_window_exceeded": "length"}  # fmt: skip
-_UNCARRIED = ("n", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "seed",
-              "modalities", "audio", "prediction", "web_search_options", "store", "service_tier")  # fmt: skip
+# Messages (its current SDK's types) takes no sampling parameters: the model samples as it was tuned to.
+_UNCARRIED = ("temperature", "top_p", "n", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs",
+              "top_logprobs", "seed", "modalities", "audio", "prediction", "web_search_options", "store",
+              "service_tier")  # fmt: skip
 
 
 @pair("chat", "messages")
@@ -66,19 +69,12 @@ class ChatOverMessages:
             elif role == "user":
                 _append(messages, "user", _blocks(message.get("content"), lost, cache, images=True))
             else:  # `function`, the legacy tool result, has no id to answer
-                named(lost, f"{role}_message_dropped")
+                named(lost, dropped(role, "message_dropped"))
         out: Body = {"model": body.get("model"), "messages": messages}
         if system:
             out["system"] = system
         limit = body.get("max_completion_tokens", body.get("max_tokens"))
         out["max_tokens"] = limit if isinstance(limit, int) and limit > 0 else DEFAULT_MAX_TOKENS
-        temperature = body.get("temperature")
-        if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
-            if temperature > 1:
-                named(lost, "temperature_clamped")
-            out["temperature"] = min(float(temperature), 1.0)
-        if "top_p" in body:
-            out["top_p"] = body["top_p"]
         stop = body.get("stop")
         if isinstance(stop, str):
             out["stop_sequences"] = [stop]
@@ -92,7 +88,7 @@ class ChatOverMessages:
         if tools:
             out["tools"] = tools
         _tool_choice(body, out)
-        self._thinking(body, out, lost)
+        self._effort(body, out, lost)
         if isinstance(body.get("user"), str):
             out["metadata"] = {"user_id": body["user"]}
         if body.get("metadata"):
@@ -100,7 +96,10 @@ class ChatOverMessages:
         response_format = body.get("response_format")
         if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
             schema = response_format.get("json_schema") or {}
-            out["output_format"] = {"type": "json_schema", "schema": schema.get("schema") or {}}
+            out.setdefault("output_config", {})["format"] = {
+                "type": "json_schema",
+                "schema": schema.get("schema") or {},
+            }
         elif isinstance(response_format, dict) and response_format.get("type") == "json_object":
             named(lost, "response_format_dropped")
         for name in _UNCARRIED:
@@ -110,20 +109,16 @@ class ChatOverMessages:
             named(lost, "cache_control_over_limit")
         return out, lost
 
-    def _thinking(self, body: Body, out: Body, lost: list[str]) -> None:
-        """`reasoning_effort` as a thinking budget, below `max_tokens` as Anthropic requires; with thinking on,
-        Anthropic takes no temperature but 1."""
+    def _effort(self, body: Body, out: Body, lost: list[str]) -> None:
+        """`reasoning_effort` as Messages' `output_config.effort` (`minimal` is low; `none` turns thinking off)."""
         effort = body.get("reasoning_effort")
-        budget = BUDGETS.get(effort) if isinstance(effort, str) else None
-        if budget is None:
-            return
-        budget = min(budget, out["max_tokens"] - 1)
-        if budget < 1024:  # Anthropic's least budget
-            named(lost, "reasoning_effort_dropped")
-            return
-        out["thinking"] = {"type": "enabled", "budget_tokens": budget}
-        if out.pop("temperature", 1.0) != 1.0:
-            named(lost, "temperature_dropped")
+        if effort == "none":
+            out["thinking"] = {"type": "disabled"}
+        elif effort == "minimal":
+            named(lost, "reasoning_effort_approximated")
+            out.setdefault("output_config", {})["effort"] = "low"
+        elif effort in EFFORTS:
+            out.setdefault("output_config", {})["effort"] = effort
 
     # --- the answer -----------------------------------------------------------------------------------------------
     def answer(self, body: Body) -> tuple[Body, list[str]]:
@@ -144,7 +139,7 @@ class ChatOverMessages:
             elif kind == "tool_use":
                 calls.append(_call(block, len(calls)))
             else:
-                named(lost, f"{kind}_dropped")  # redacted thinking, server tools' blocks
+                named(lost, dropped(kind))  # redacted thinking, server tools' blocks
         message: Body = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
         if thinking:
             message["reasoning_content"] = "\n".join(thinking)
@@ -216,7 +211,7 @@ def _blocks(content: Any, lost: list[str], cache: list[int], *, images: bool) ->
         elif kind == "image_url" and images:
             block = _image(part.get("image_url"), lost)
         else:
-            named(lost, f"{kind}_part_dropped")  # audio, files; images where Messages takes text only
+            named(lost, dropped(kind, "part_dropped"))  # audio, files; images where Messages takes text only
         if block is not None:
             _cache(part, block, cache)
             blocks.append(block)
@@ -323,7 +318,7 @@ class MessagesToChatStream(EventTranslator):
                         "function": {"name": block.get("name", ""), "arguments": ""}}  # fmt: skip
                 return self.chunk({"tool_calls": [call]})
             if block.get("type") not in ("text", "thinking"):
-                self.lose(f"{block.get('type')}_dropped")
+                self.lose(dropped(block.get("type")))
             return b""
         if kind == "content_block_delta":
             return self.delta(data)

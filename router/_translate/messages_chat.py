@@ -18,7 +18,7 @@ from typing import Any
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, error_message, named, sse
+from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, named, sse
 from router._translate.registry import pair
 
 # A thinking budget as chat's reasoning effort: up to 4k tokens is low, up to 16k medium, more high.
@@ -71,16 +71,22 @@ class MessagesOverChat:
         if any(tools):
             out["tools"] = [tool for tool in tools if tool]
         _tool_choice(body.get("tool_choice"), out, lost)
+        found = body.get("output_config")
+        config: Body = found if isinstance(found, dict) else {}
         thinking = body.get("thinking")
-        if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"):
+        if isinstance(config.get("effort"), str):
+            out["reasoning_effort"] = config["effort"]
+        elif isinstance(thinking, dict) and thinking.get("type") == "enabled":
             out["reasoning_effort"] = effort(thinking.get("budget_tokens"))
+        elif isinstance(thinking, dict) and thinking.get("type") == "disabled":
+            out["reasoning_effort"] = "none"
         metadata = body.get("metadata")
         if isinstance(metadata, dict):
             if isinstance(metadata.get("user_id"), str):
                 out["user"] = metadata["user_id"]
             if set(metadata) - {"user_id"}:
                 named(lost, "metadata_dropped")
-        output = body.get("output_format")
+        output = config.get("format") or body.get("output_format")  # output_format: the beta's name
         if isinstance(output, dict) and output.get("type") == "json_schema":
             schema = {"name": "output", "schema": output.get("schema") or {}}
             out["response_format"] = {"type": "json_schema", "json_schema": schema}
@@ -186,7 +192,7 @@ def _text(value: Any, lost: list[str]) -> str:
             if block.get("type") == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             else:
-                named(lost, f"{block.get('type')}_dropped")
+                named(lost, dropped(block.get("type")))
     return "\n".join(texts)
 
 
@@ -239,7 +245,7 @@ def _message(message: Body, lost: list[str]) -> list[Body]:
         elif kind == "redacted_thinking":
             named(lost, "redacted_thinking_dropped")
         else:  # documents, search results, server tools' blocks
-            named(lost, f"{kind}_dropped")
+            named(lost, dropped(kind))
     out = list(results)
     if role == "assistant":
         text = "\n".join(part["text"] for part in parts if part["type"] == "text")

@@ -1,0 +1,228 @@
+"""Routes to an upstream of another API through the proxy (issue 30.2): the `anthropic` SDK to a chat-only upstream,
+the `openai` SDK to a Messages-only one (RESPX fakes answering in their own API's shapes), whole and streamed, errors
+in the client's shape, the upstream's path and key header, losses named in a header and a metric; the routes
+`d3router check` refuses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pytest
+import respx
+
+from d3backend import FakeEngine
+from policies import ConfigError, parse_config
+from router import ProxyApp, create_app
+from router._translate.base import sse
+from tests.router import _sdk_shapes as sdk
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = """
+server: {default_policy: tochat, expose_decisions: true}
+upstreams:
+  chatup: {url: http://chat.test/v1, model: qwen, api: chat, api_key_env: CHAT_KEY}
+  msgup: {url: http://msg.test/v1, model: claude-x, api: messages, api_key_env: MSG_KEY}
+policies:
+  tochat:
+    apis: [messages, chat]
+    rules: [{name: default, route: chatup}]
+  tomsg:
+    apis: [chat, messages]
+    rules: [{name: default, route: msgup}]
+"""
+TOOLS = [{"name": "weather", "description": "The weather", "input_schema": {"type": "object",
+          "properties": {"city": {"type": "string"}}, "required": ["city"]}}]  # fmt: skip
+seen: list[httpx.Request] = []
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "qwen",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+
+
+def chat_upstream(request: httpx.Request) -> httpx.Response:
+    seen.append(request)
+    body = json.loads(request.content)
+    if body["messages"][-1]["content"] == "fail":
+        return httpx.Response(429, json={"error": {"message": "slow down", "type": "rate_limit"}})
+    asks_tool = body["messages"][-1]["role"] == "user" and "tools" in body
+    if body.get("stream"):
+        chunks = [_chunk({"role": "assistant", "content": ""})]
+        if asks_tool:
+            chunks += [_chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                               "function": {"name": "weather", "arguments": '{"ci'}}]}),
+                       _chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}),
+                       _chunk({}, "tool_calls")]  # fmt: skip
+        else:
+            chunks += [_chunk({"content": "Rainy"}), _chunk({"content": " in Oslo."}), _chunk({}, "stop")]
+        chunks.append({**_chunk({}), "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sdk.chunks_of(*chunks))
+    message: dict[str, Any] = {"role": "assistant", "content": "Rainy in Oslo."}
+    finish = "stop"
+    if asks_tool:
+        message = {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+            ],
+        }
+        finish = "tool_calls"
+    return httpx.Response(
+        200,
+        json={
+            "id": "c1",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "qwen",
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+        },
+    )
+
+
+MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+           "content": [{"type": "thinking", "thinking": "hm", "signature": "sig"}, {"type": "text", "text": "Hi!"}],
+           "stop_reason": "end_turn", "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 2}}  # fmt: skip
+
+
+def messages_upstream(request: httpx.Request) -> httpx.Response:
+    seen.append(request)
+    body = json.loads(request.content)
+    if body["messages"][-1]["content"][0]["text"] == "fail":
+        return httpx.Response(529, json={"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
+    if body.get("stream"):
+        events = [{"type": "message_start", "message": {**MESSAGE, "content": [], "stop_reason": None}},
+                  {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                  {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi!"}},
+                  {"type": "content_block_stop", "index": 0},
+                  {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                   "usage": {"output_tokens": 2}},
+                  {"type": "message_stop"}]  # fmt: skip
+        data = b"".join(sse(event, event["type"]) for event in events)
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=data)
+    return httpx.Response(200, json=MESSAGE)
+
+
+@pytest.fixture
+async def app() -> AsyncIterator[ProxyApp]:
+    seen.clear()
+    with respx.mock(assert_all_called=False) as mock:
+        mock.route(host="chat.test").mock(side_effect=chat_upstream)
+        mock.route(host="msg.test").mock(side_effect=messages_upstream)
+        proxy = create_app(parse_config(CONFIG, "c.yaml"), engine=FakeEngine(lambda state, questions: {}),
+                           transport=httpx.AsyncHTTPTransport(), environ={"CHAT_KEY": "sk-chat", "MSG_KEY": "sk-msg"})  # fmt: skip
+        yield proxy
+        await proxy.aclose()
+
+
+@pytest.fixture
+async def http(app: ProxyApp) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as client:
+        yield client
+
+
+@pytest.fixture
+async def claude(app: ProxyApp) -> AsyncIterator[anthropic.AsyncAnthropic]:
+    """The real `anthropic` SDK against the router in process (the SDK speaks through httpx2)."""
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
+        yield anthropic.AsyncAnthropic(base_url="http://router", api_key="sk-agent", http_client=client, max_retries=0)
+
+
+async def test_the_anthropic_sdk_calls_a_tool_and_reads_the_result_through_a_chat_upstream(
+    claude: anthropic.AsyncAnthropic,
+) -> None:
+    client = claude
+    asked = [{"role": "user", "content": "Weather in Oslo?"}]
+    first = await client.messages.create(model="tochat", max_tokens=64, messages=asked, tools=TOOLS)  # type: ignore[arg-type]
+    call = first.content[0]
+    assert first.stop_reason == "tool_use" and call.type == "tool_use" and call.input == {"city": "Oslo"}
+    assert first.model == "tochat"  # the answer names the model asked for, translated or not (issue 26.1)
+    upstream = seen[-1]
+    assert (upstream.url.path, upstream.headers["authorization"]) == ("/v1/chat/completions", "Bearer sk-chat")
+    assert "x-api-key" not in upstream.headers
+    result = [*asked, {"role": "assistant", "content": [block.model_dump() for block in first.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Rain"}]}]  # fmt: skip
+    second = await client.messages.create(model="tochat", max_tokens=64, messages=result, tools=TOOLS)  # type: ignore[arg-type]
+    assert second.content[0].type == "text" and second.content[0].text == "Rainy in Oslo."
+    sent = json.loads(seen[-1].content)["messages"]
+    assert sent[-1] == {"role": "tool", "tool_call_id": "call_1", "content": "Rain"}
+    assert (second.usage.input_tokens, second.usage.output_tokens) == (9, 4)
+
+
+async def test_the_anthropic_sdk_streams_through_a_chat_upstream(claude: anthropic.AsyncAnthropic) -> None:
+    client = claude
+    asked = [{"role": "user", "content": "Weather in Oslo?"}]
+    async with client.messages.stream(model="tochat", max_tokens=64, messages=asked, tools=TOOLS) as stream:  # type: ignore[arg-type]
+        kinds = [event.type async for event in stream]
+        message = await stream.get_final_message()
+    assert kinds[0] == "message_start" and "input_json" in kinds and kinds[-1] == "message_stop"
+    assert message.content[0].type == "tool_use" and message.content[0].input == {"city": "Oslo"}
+    assert message.stop_reason == "tool_use" and message.usage.output_tokens == 4
+    sent = json.loads(seen[-1].content)
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+
+
+async def test_losses_are_named_in_a_header_and_counted(app: ProxyApp, http: httpx.AsyncClient) -> None:
+    body = {"model": "tochat", "max_tokens": 9, "top_k": 3, "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "x", "signature": "s"},
+                                          {"type": "text", "text": "yo"}]},
+        {"role": "user", "content": "again"}]}  # fmt: skip
+    response = await http.post("/v1/messages", json=body)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-d3-translation-losses"] == "thinking_dropped,thinking_signature_dropped,top_k_dropped"
+    assert b'"s"' not in seen[-1].content
+    metrics = (await http.get("/metrics")).text
+    assert ('d3router_translation_losses_total{client="messages",loss="thinking_signature_dropped",'
+            'upstream="chat"} 1.0') in metrics  # fmt: skip
+    plain = await http.post("/v1/messages", json={"model": "tochat", "max_tokens": 9,
+                                                  "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert "x-d3-translation-losses" not in plain.headers
+
+
+async def test_an_upstream_error_is_raised_by_the_sdk_in_its_own_shape(
+    http: httpx.AsyncClient, claude: anthropic.AsyncAnthropic
+) -> None:
+    with pytest.raises(anthropic.RateLimitError, match="slow down"):
+        await claude.messages.create(model="tochat", max_tokens=9, messages=[{"role": "user", "content": "fail"}])
+    gpt = openai.AsyncOpenAI(api_key="k", base_url="http://router/v1", http_client=http, max_retries=0)
+    with pytest.raises(openai.APIStatusError, match="busy") as raised:
+        await gpt.chat.completions.create(model="tomsg", messages=[{"role": "user", "content": "fail"}])
+    assert raised.value.status_code == 529
+
+
+async def test_the_openai_sdk_through_a_messages_upstream(http: httpx.AsyncClient) -> None:
+    gpt = openai.AsyncOpenAI(api_key="k", base_url="http://router/v1", http_client=http, max_retries=0)
+    answer = await gpt.chat.completions.create(model="tomsg", messages=[{"role": "user", "content": "hi"}])
+    assert answer.choices[0].message.content == "Hi!" and answer.choices[0].finish_reason == "stop"
+    upstream = seen[-1]
+    assert upstream.url.path == "/v1/messages"
+    assert (upstream.headers["x-api-key"], upstream.headers["anthropic-version"]) == ("sk-msg", "2023-06-01")
+    assert "authorization" not in upstream.headers
+    raw = await http.post(
+        "/v1/chat/completions", json={"model": "tomsg", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    assert raw.headers["x-d3-translation-losses"] == "thinking_signature_dropped"
+    stream = await gpt.chat.completions.create(model="tomsg", messages=[{"role": "user", "content": "hi"}],
+                                               stream=True, stream_options={"include_usage": True})  # fmt: skip
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hi!"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 2
+
+
+def test_check_refuses_a_route_no_translation_carries() -> None:
+    refused = CONFIG.replace("apis: [chat, messages]", "apis: [chat, messages, completions]")
+    with pytest.raises(ConfigError, match=r"upstream 'msgup' speaks the Anthropic Messages .* no translation carries"
+                                          r" the Completions .* `apis: \[chat, messages\]`"):  # fmt: skip
+        parse_config(refused, "c.yaml")
+    lossy = CONFIG.replace("route: msgup}", "route: msgup, set: {seed: 3}}")
+    with pytest.raises(ConfigError, match=r"`set` 'seed' has no equivalent in the Anthropic Messages .* 'msgup'"):
+        parse_config(lossy, "c.yaml")
