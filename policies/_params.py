@@ -87,7 +87,9 @@ STRUCTURAL = frozenset({"model", "messages", "stream", "prompt", "input", "instr
 
 # The (client, upstream) API pairs router/_translate registers (tests/router/test_translate_messages_chat.py checks
 # the two agree); a pair not listed is composed through chat where both halves are (X -> chat -> Y).
-TRANSLATIONS: frozenset[tuple[str, str]] = frozenset({("messages", "chat"), ("chat", "messages")})
+TRANSLATIONS: frozenset[tuple[str, str]] = frozenset(
+    {("messages", "chat"), ("chat", "messages"), ("responses", "chat"), ("chat", "responses")}
+)
 
 
 def translatable(client: str, upstream: str | None) -> bool:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router._translate._responses_requests import SAME, dicts
-from router._translate.base import Body, named
+from router._translate.base import Body, dropped, named
 
 
 def chat_to_responses(body: Body) -> tuple[Body, list[str]]:
@@ -69,7 +69,7 @@ def chat_to_responses(body: Body) -> tuple[Body, list[str]]:
     }
     for key, value in body.items():
         if key not in known and not (key == "n" and value == 1) and value is not None:
-            named(lost, f"{key}_dropped")
+            named(lost, dropped(key))
     return out, lost
 
 
@@ -103,7 +103,7 @@ def _input_items(messages: list[Body], lost: list[str]) -> list[Body]:
             content = content if isinstance(content, str) else _input_parts(content, lost)
             items.append({"type": "message", "role": role, "content": content})
         else:
-            named(lost, f"{role}_message_dropped")
+            named(lost, dropped(role, "message_dropped"))
     return items
 
 
@@ -138,7 +138,7 @@ def _output_parts(content: Any, lost: list[str]) -> list[Body]:
         elif part.get("type") == "refusal":
             parts.append({"type": "refusal", "refusal": part.get("refusal", "")})
         else:
-            named(lost, f"assistant_{part.get('type')}_dropped")
+            named(lost, "assistant_" + dropped(part.get("type")))
     return parts
 
 
@@ -159,7 +159,7 @@ def _input_parts(content: Any, lost: list[str]) -> list[Body]:
     for part in dicts(content if content is not None else [], "messages.content"):
         make = _PART.get(str(part.get("type")))
         if make is None:
-            named(lost, f"{part.get('type')}_part_dropped")
+            named(lost, dropped(part.get("type"), "part_dropped"))
         else:
             parts.append(make(part))
     return parts
@@ -177,7 +177,7 @@ def _responses_tool(tool: Body, lost: list[str]) -> Body | None:
         return out
     if kind == "custom":
         return {"type": "custom", **(tool.get("custom") or {})}
-    named(lost, f"{kind}_tool_dropped")
+    named(lost, dropped(kind, "tool_dropped"))
     return None
 
 

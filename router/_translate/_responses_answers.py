@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from router._translate._responses_requests import flat_name, namespaces
-from router._translate.base import Body, named
+from router._translate.base import Body, dropped, named
 
 Spaces = Mapping[str, tuple[str, str]] | None
 
@@ -245,7 +245,7 @@ def response_to_chat(response: Body) -> tuple[Body, list[str]]:
             if item.get("encrypted_content"):
                 named(lost, "reasoning_encrypted_content_dropped")
         else:
-            named(lost, f"{kind}_dropped")
+            named(lost, dropped(kind))
     message: Body = {"role": "assistant", "content": "".join(text) if text or not calls else None}
     if refusal:
         message["refusal"] = "".join(refusal)

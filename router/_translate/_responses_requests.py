@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from router._errors import BadRequest
-from router._translate.base import Body, named
+from router._translate.base import Body, dropped, named
 
 # The sampling and bookkeeping fields both APIs spell and mean the same way.
 SAME = (
@@ -122,7 +122,7 @@ def responses_to_chat(body: Body) -> tuple[Body, list[str]]:
     }
     for key, value in body.items():
         if (key in IDLE and value not in IDLE[key]) or (key not in known and value is not None):
-            named(lost, f"{key}_dropped")
+            named(lost, dropped(key))
     return out, lost
 
 
@@ -166,7 +166,7 @@ def _input_messages(items: Any, where: str, lost: list[str]) -> list[Body]:
         elif kind == "reasoning":
             named(lost, "reasoning_item_dropped")  # never sent to a model that did not make it (its encrypted content)
         else:
-            named(lost, f"{kind}_item_dropped")
+            named(lost, dropped(kind, "item_dropped"))
     return messages
 
 
@@ -185,7 +185,7 @@ def _assistant_content(content: Any, lost: list[str]) -> Any:
         elif kind == "refusal":
             parts.append({"type": "refusal", "refusal": part.get("refusal", "")})
         else:
-            named(lost, f"assistant_{kind}_dropped")
+            named(lost, "assistant_" + dropped(kind))
     if all(part["type"] == "text" for part in parts):
         return "".join(part["text"] for part in parts)
     return parts
@@ -201,7 +201,7 @@ def _chat_content(content: Any, where: str, lost: list[str], *, tool: bool = Fal
         if kind in ("input_text", "output_text", "text"):
             parts.append({"type": "text", "text": part.get("text", "")})
         elif tool:
-            named(lost, f"tool_output_{kind}_dropped")  # a chat tool message holds text only
+            named(lost, "tool_output_" + dropped(kind))  # a chat tool message holds text only
         elif kind == "input_image" and part.get("image_url"):
             image = {"url": part["image_url"]}
             if part.get("detail") is not None:
@@ -213,7 +213,7 @@ def _chat_content(content: Any, where: str, lost: list[str], *, tool: bool = Fal
             file = {key: part[key] for key in ("file_data", "file_id", "filename") if part.get(key) is not None}
             parts.append({"type": "file", "file": file})
         else:
-            named(lost, "image_file_id_dropped" if kind == "input_image" else f"{kind}_part_dropped")
+            named(lost, "image_file_id_dropped" if kind == "input_image" else dropped(kind, "part_dropped"))
     return parts
 
 
@@ -261,7 +261,9 @@ def _chat_tool(tool: Body, lost: list[str]) -> Body | None:
             "type": "custom",
             "custom": {key: tool[key] for key in ("name", "description", "format") if key in tool},
         }
-    named(lost, f"{kind}_tool_dropped")  # built-in tools (web_search, file_search, ...) run at a Responses server only
+    named(
+        lost, dropped(kind, "tool_dropped")
+    )  # built-in tools (web_search, file_search, ...) run at a Responses server only
     return None
 
 

@@ -27,7 +27,7 @@ from router._translate._responses_answers import (
     status_of,
 )
 from router._translate._responses_requests import flat_name, namespaces
-from router._translate.base import Body, EventTranslator, SseEvent, sse
+from router._translate.base import Body, EventTranslator, SseEvent, dropped, sse
 
 
 class ResponsesFromChat(EventTranslator):
@@ -320,7 +320,7 @@ class ChatFromResponses(EventTranslator):
         item = event.get("item") or {}
         if item.get("type") not in ("function_call", "custom_tool_call"):
             if item.get("type") not in ("message", "reasoning"):
-                self.lose(f"{item.get('type')}_dropped")
+                self.lose(dropped(item.get("type")))
             return b""
         position = self.calls[int(event.get("output_index", len(self.calls)))] = len(self.calls)
         if item["type"] == "function_call":

@@ -11,9 +11,10 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from policies import translatable
 from router._errors import BadRequest
 from router._translate.base import SseReader
-from router._translate.registry import translation
+from router._translate.registry import pairs, translation
 from router._translate.responses_chat import ChatOverResponses, ResponsesOverChat
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -394,3 +395,12 @@ def test_namespaced_tools_are_flat_in_chat_and_named_again_in_the_answer() -> No
     raw = b"".join(stream.feed(piece) for piece in chat_sse(chunk({"tool_calls": [{"index": 0, **call}]}), "[DONE]"))
     added = [e for e in events(raw + stream.flush()) if e["type"] == "response.output_item.added"]
     assert (added[0]["item"]["namespace"], added[0]["item"]["name"]) == ("agents", "spawn")
+
+
+def test_the_checked_pairs_are_the_registered_ones() -> None:
+    """`d3router check` tells a route no translation carries from the pairs policies lists: the same as the
+    registry's, composed ones included."""
+    apis = ("chat", "completions", "responses", "messages")
+    listed = {(a, b) for a in apis for b in apis if a != b and translatable(a, b)}
+    assert listed == set(pairs())
+    assert {("responses", "chat"), ("chat", "responses"), ("responses", "messages")} <= listed
