@@ -13,6 +13,7 @@ API has no place for (`stop`, `n` above 1, the penalties, `seed`, `logit_bias`, 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -83,8 +84,12 @@ def _input_items(messages: list[Body], lost: list[str]) -> list[Body]:
         if role == "assistant":
             content = message.get("content")
             parts = _output_parts(content, lost)
-            if parts:
-                items.append({"type": "message", "role": "assistant", "content": parts})
+            if parts and all(part["type"] == "output_text" for part in parts):
+                text = "".join(part["text"] for part in parts)  # an input message: what the SDK's types hold
+                items.append({"type": "message", "role": "assistant", "content": text})
+            elif parts:  # a refusal is held by an output message only, which has an id and a status
+                items.append({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
+                              "status": "completed", "content": parts})  # fmt: skip
             if message.get("reasoning_content") or message.get("reasoning"):
                 named(lost, "reasoning_dropped")  # never sent to a model that did not make it
             for call in dicts(message.get("tool_calls") or [], "messages.tool_calls"):

@@ -138,7 +138,10 @@ def _input_messages(items: Any, where: str, lost: list[str]) -> list[Body]:
                 messages.append({"role": "assistant", "content": _assistant_content(content, lost)})
             else:
                 role = "system" if role == "developer" else role  # chat's system and developer mean the same
-                messages.append({"role": role, "content": _chat_content(content, f"{where}.content", lost)})
+                text_only = "system_" if role == "system" else ""
+                messages.append(
+                    {"role": role, "content": _chat_content(content, f"{where}.content", lost, text_only=text_only)}
+                )
         elif kind in ("function_call", "custom_tool_call"):
             name = flat_name(item.get("namespace"), item.get("name"))
             if kind == "function_call":
@@ -161,7 +164,7 @@ def _input_messages(items: Any, where: str, lost: list[str]) -> list[Body]:
         elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output", "")
             if not isinstance(output, str):
-                output = _chat_content(output, f"{where}.output", lost, tool=True)
+                output = _chat_content(output, f"{where}.output", lost, text_only="tool_output_")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
         elif kind == "reasoning":
             named(lost, "reasoning_item_dropped")  # never sent to a model that did not make it (its encrypted content)
@@ -191,7 +194,7 @@ def _assistant_content(content: Any, lost: list[str]) -> Any:
     return parts
 
 
-def _chat_content(content: Any, where: str, lost: list[str], *, tool: bool = False) -> Any:
+def _chat_content(content: Any, where: str, lost: list[str], *, text_only: str = "") -> Any:
     """Responses content parts as chat parts (`input_text` as `text`, `input_image` as `image_url`, ...)."""
     if isinstance(content, str):
         return content
@@ -200,8 +203,8 @@ def _chat_content(content: Any, where: str, lost: list[str], *, tool: bool = Fal
         kind = part.get("type")
         if kind in ("input_text", "output_text", "text"):
             parts.append({"type": "text", "text": part.get("text", "")})
-        elif tool:
-            named(lost, "tool_output_" + dropped(kind))  # a chat tool message holds text only
+        elif text_only:
+            named(lost, text_only + dropped(kind))  # chat's tool and system messages hold text only
         elif kind == "input_image" and part.get("image_url"):
             image = {"url": part["image_url"]}
             if part.get("detail") is not None:

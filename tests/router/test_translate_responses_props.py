@@ -12,10 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming
 from pydantic import TypeAdapter
 
 from router._translate.base import SseReader
 from router._translate.responses_chat import ChatOverResponses, ResponsesOverChat
+from tests.router import _sdk_shapes as sdk
+
+_RESPONSES_PARAMS = TypeAdapter(ResponseCreateParamsNonStreaming)
+
+
+def responses_request(body: Body) -> None:
+    """`body` as the openai SDK's Responses request params accept it, with no key its types do not know."""
+    plain = {key: value for key, value in body.items() if key != "stream"}
+    sdk._checked(plain, _RESPONSES_PARAMS.validate_python(plain))
+
 
 EVENT = TypeAdapter(ResponseStreamEvent)
 Body = dict[str, Any]
@@ -123,9 +134,12 @@ def _responses_view(body: Body) -> Body:
     for item in body["input"]:
         kind = item.get("type", "message")
         if kind == "message" and item["role"] == "assistant":
-            turns.append(("assistant", "".join(part["text"] for part in item["content"])))
+            content = item["content"]
+            turns.append(("assistant", content if isinstance(content, str) else "".join(p["text"] for p in content)))
         elif kind == "message":
             content = item["content"]
+            if item["role"] != "user" and not isinstance(content, str):  # chat's system messages hold text only
+                content = [part for part in content if part["type"] == "input_text"]
             if not isinstance(content, str):
                 content = [(p["type"], p.get("text"), p.get("image_url"), p.get("detail") or "auto") for p in content]
             turns.append(("system" if item["role"] == "developer" else item["role"], content))
@@ -160,6 +174,8 @@ def _responses_view(body: Body) -> Body:
 def test_responses_to_chat_and_back_keeps_what_chat_holds(body: Body) -> None:
     chat, lost = ResponsesOverChat().request(body)
     back, more = ChatOverResponses().request(chat)
+    sdk.chat_request(chat)
+    responses_request(back)
     assert "SECRET" not in json.dumps(chat)
     assert _responses_view(back) == _responses_view(body)
     expected = set()
@@ -172,6 +188,13 @@ def test_responses_to_chat_and_back_keeps_what_chat_holds(body: Body) -> None:
             expected.add("tool_choice_dropped")
     if body.get("store"):
         expected.add("store_dropped")
+    if any(
+        item.get("role") in ("system", "developer")
+        and not isinstance(item["content"], str)
+        and any(part["type"] == "input_image" for part in item["content"])
+        for item in body["input"]
+    ):
+        expected.add("system_input_image_dropped")
     assert set(lost) == expected and more == []
 
 
@@ -305,6 +328,8 @@ def _chat_view(body: Body) -> Body:
 def test_chat_to_responses_and_back_keeps_what_responses_holds(body: Body) -> None:
     there, lost = ChatOverResponses().request(body)
     back, more = ResponsesOverChat().request(there)
+    responses_request(there)
+    sdk.chat_request(back)
     assert _chat_view(back) == _chat_view(body)
     assert set(lost) == {f"{key}_dropped" for key in UNHELD if key in body} and more == []
 
