@@ -226,3 +226,11 @@ def test_check_refuses_a_route_no_translation_carries() -> None:
     lossy = CONFIG.replace("route: msgup}", "route: msgup, set: {seed: 3}}")
     with pytest.raises(ConfigError, match=r"`set` 'seed' has no equivalent in the Anthropic Messages .* 'msgup'"):
         parse_config(lossy, "c.yaml")
+
+
+async def test_count_tokens_through_a_translated_route_is_the_routers_estimate(
+    claude: anthropic.AsyncAnthropic,
+) -> None:
+    counted = await claude.messages.count_tokens(model="tochat", messages=[{"role": "user", "content": "x" * 40}])
+    assert counted.input_tokens == 10
+    assert seen == []  # a chat upstream has no Messages count endpoint: never asked
