@@ -236,8 +236,8 @@ class ProxyApp(Endpoints):
                     )
                 else:
                     response, failure = await self.forwarder.open(
-                        carried.upstream_api, upstream, name, "POST", carried.path, request.scope, carried.payload,
-                        [*tags, *carried.headers(request.scope["headers"])],
+                        carried.upstream_api, upstream, name, "POST", carried.path, carried.scope(request.scope),
+                        carried.payload, [*tags, *carried.headers(request.scope["headers"])],
                     )  # fmt: skip
                 if response is None:
                     attempt.set_attribute("error.type", str(failure[0]))

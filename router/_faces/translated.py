@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+from starlette.types import Scope
 
 from d3backend import json_bytes
 from policies import UpstreamSettings
@@ -53,6 +54,10 @@ class Carried:
         if self.tr.upstream == "messages" and not any(k == b"anthropic-version" for k, _ in client_headers):
             out.append((b"anthropic-version", ANTHROPIC_VERSION))
         return out
+
+    def scope(self, scope: Scope) -> Scope:
+        """The client's request as forwarded: without its query, which is its own API's (`?beta=true`)."""
+        return {**scope, "query_string": b""}
 
     def shown(self, extra: Sequence[str] = ()) -> Headers:
         """The losses header (when something was lost)."""

@@ -99,7 +99,7 @@ def messages_upstream(request: httpx.Request) -> httpx.Response:
     if body["messages"][-1]["content"][0]["text"] == "fail":
         return httpx.Response(529, json={"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
     if body.get("stream"):
-        events = [{"type": "message_start", "message": {**MESSAGE, "content": [], "stop_reason": None}},
+        events: list[dict[str, Any]] = [{"type": "message_start", "message": {**MESSAGE, "content": [], "stop_reason": None}},
                   {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                   {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi!"}},
                   {"type": "content_block_stop", "index": 0},
@@ -134,6 +134,12 @@ async def claude(app: ProxyApp) -> AsyncIterator[anthropic.AsyncAnthropic]:
     """The real `anthropic` SDK against the router in process (the SDK speaks through httpx2)."""
     async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
         yield anthropic.AsyncAnthropic(base_url="http://router", api_key="sk-agent", http_client=client, max_retries=0)
+
+
+@pytest.fixture
+async def gpt(app: ProxyApp) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
+        yield openai.AsyncOpenAI(base_url="http://router/v1", api_key="sk-app", http_client=client, max_retries=0)
 
 
 async def test_the_anthropic_sdk_calls_a_tool_and_reads_the_result_through_a_chat_upstream(
@@ -189,18 +195,16 @@ async def test_losses_are_named_in_a_header_and_counted(app: ProxyApp, http: htt
 
 
 async def test_an_upstream_error_is_raised_by_the_sdk_in_its_own_shape(
-    http: httpx.AsyncClient, claude: anthropic.AsyncAnthropic
+    claude: anthropic.AsyncAnthropic, gpt: openai.AsyncOpenAI
 ) -> None:
     with pytest.raises(anthropic.RateLimitError, match="slow down"):
         await claude.messages.create(model="tochat", max_tokens=9, messages=[{"role": "user", "content": "fail"}])
-    gpt = openai.AsyncOpenAI(api_key="k", base_url="http://router/v1", http_client=http, max_retries=0)
     with pytest.raises(openai.APIStatusError, match="busy") as raised:
         await gpt.chat.completions.create(model="tomsg", messages=[{"role": "user", "content": "fail"}])
     assert raised.value.status_code == 529
 
 
-async def test_the_openai_sdk_through_a_messages_upstream(http: httpx.AsyncClient) -> None:
-    gpt = openai.AsyncOpenAI(api_key="k", base_url="http://router/v1", http_client=http, max_retries=0)
+async def test_the_openai_sdk_through_a_messages_upstream(http: httpx.AsyncClient, gpt: openai.AsyncOpenAI) -> None:
     answer = await gpt.chat.completions.create(model="tomsg", messages=[{"role": "user", "content": "hi"}])
     assert answer.choices[0].message.content == "Hi!" and answer.choices[0].finish_reason == "stop"
     upstream = seen[-1]
