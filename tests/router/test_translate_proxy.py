@@ -48,8 +48,10 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
 
 
 def chat_upstream(request: httpx.Request) -> httpx.Response:
+    """A chat-only fake: what it is sent is checked by the openai SDK's request types."""
     seen.append(request)
     body = json.loads(request.content)
+    sdk.chat_request(body)
     if body["messages"][-1]["content"] == "fail":
         return httpx.Response(429, json={"error": {"message": "slow down", "type": "rate_limit"}})
     asks_tool = body["messages"][-1]["role"] == "user" and "tools" in body
@@ -94,8 +96,10 @@ MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "model": "clau
 
 
 def messages_upstream(request: httpx.Request) -> httpx.Response:
+    """A Messages-only fake: what it is sent is checked by the anthropic SDK's request types."""
     seen.append(request)
     body = json.loads(request.content)
+    sdk.messages_request(body)  # raises (a 500 here, a failed test there) on a body the SDK would not send
     if body["messages"][-1]["content"][0]["text"] == "fail":
         return httpx.Response(529, json={"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
     if body.get("stream"):
