@@ -36,6 +36,13 @@ policies:
   tomsg:
     apis: [chat, messages]
     rules: [{name: default, route: msgup}]
+  guarded:
+    apis: [messages]
+    rules: [{name: default, route: chatup}]
+    answer:
+      read: tool_calls
+      questions: {destructive: {type: noul, instructions: Does a tool call delete files?}}
+      rules: [{name: no-rm, when: destructive > 0.8, block: {status: 403, message: That command was refused.}}]
 """
 TOOLS = [{"name": "weather", "description": "The weather", "input_schema": {"type": "object",
           "properties": {"city": {"type": "string"}}, "required": ["city"]}}]  # fmt: skip
@@ -55,9 +62,14 @@ def chat_upstream(request: httpx.Request) -> httpx.Response:
     if body["messages"][-1]["content"] == "fail":
         return httpx.Response(429, json={"error": {"message": "slow down", "type": "rate_limit"}})
     asks_tool = body["messages"][-1]["role"] == "user" and "tools" in body
+    command = '{"command": "rm -rf /"}' if body["messages"][-1]["content"] == "clean up" else None
     if body.get("stream"):
         chunks = [_chunk({"role": "assistant", "content": ""})]
-        if asks_tool:
+        if command:
+            chunks += [_chunk({"tool_calls": [{"index": 0, "id": "call_2", "type": "function",
+                                               "function": {"name": "Bash", "arguments": command}}]}),
+                       _chunk({}, "tool_calls")]  # fmt: skip
+        elif asks_tool:
             chunks += [_chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                                "function": {"name": "weather", "arguments": '{"ci'}}]}),
                        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}),
@@ -68,13 +80,14 @@ def chat_upstream(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sdk.chunks_of(*chunks))
     message: dict[str, Any] = {"role": "assistant", "content": "Rainy in Oslo."}
     finish = "stop"
-    if asks_tool:
+    if asks_tool or command:
+        call = (
+            {"name": "Bash", "arguments": command} if command else {"name": "weather", "arguments": '{"city": "Oslo"}'}
+        )
         message = {
             "role": "assistant",
             "content": None,
-            "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
-            ],
+            "tool_calls": [{"id": "call_1", "type": "function", "function": call}],
         }
         finish = "tool_calls"
     return httpx.Response(
@@ -115,13 +128,17 @@ def messages_upstream(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, json=MESSAGE)
 
 
+def verdicts(state: Any, questions: Any) -> dict[str, Any]:
+    return {"destructive": 0.99 if "rm -rf" in json.dumps(state) else 0.01} if "destructive" in questions else {}
+
+
 @pytest.fixture
 async def app() -> AsyncIterator[ProxyApp]:
     seen.clear()
     with respx.mock(assert_all_called=False) as mock:
         mock.route(host="chat.test").mock(side_effect=chat_upstream)
         mock.route(host="msg.test").mock(side_effect=messages_upstream)
-        proxy = create_app(parse_config(CONFIG, "c.yaml"), engine=FakeEngine(lambda state, questions: {}),
+        proxy = create_app(parse_config(CONFIG, "c.yaml"), engine=FakeEngine(verdicts),
                            transport=httpx.AsyncHTTPTransport(), environ={"CHAT_KEY": "sk-chat", "MSG_KEY": "sk-msg"})  # fmt: skip
         yield proxy
         await proxy.aclose()
@@ -242,3 +259,16 @@ async def test_count_tokens_through_a_translated_route_is_the_routers_estimate(
     counted = await claude.messages.count_tokens(model="tochat", messages=[{"role": "user", "content": "x" * 40}])
     assert counted.input_tokens == 10
     assert seen == []  # a chat upstream has no Messages count endpoint: never asked
+
+
+async def test_an_answer_guard_judges_the_translated_answer(claude: anthropic.AsyncAnthropic) -> None:
+    """The guard reads the answer in the client's API (here Messages' tool_use), whole and streamed: the chat
+    upstream's `rm -rf` call never reaches the client."""
+    asked: Any = [{"role": "user", "content": "clean up"}]
+    with pytest.raises(anthropic.PermissionDeniedError, match=r"That command was refused\."):
+        await claude.messages.create(model="guarded", max_tokens=9, messages=asked)
+    with pytest.raises(anthropic.PermissionDeniedError, match=r"That command was refused\."):
+        async with claude.messages.stream(model="guarded", max_tokens=9, messages=asked) as stream:
+            [event async for event in stream]
+    fine = await claude.messages.create(model="guarded", max_tokens=9, messages=[{"role": "user", "content": "hi"}])
+    assert fine.content[0].type == "text"
