@@ -222,3 +222,42 @@ def test_the_sse_reader_holds_only_an_unfinished_event() -> None:
     assert list(reader.feed(b"event: a\ndata: 1\n\nevent: b\nda")) == [SseEvent("a", "1")]
     assert list(reader.feed(b"ta: 2\r\n\r\n: keep-alive\n\n")) == [SseEvent("b", "2")]
     assert list(reader.feed(b"data: 3")) == [] and list(reader.flush()) == [SseEvent(None, "3")]
+
+
+def test_a_composed_translation_carries_answers_streams_and_errors_through_chat() -> None:
+    """messages -> chat -> messages: a Messages upstream's answer, stream and error come back through chat."""
+    from tests.router.test_translate_chat_messages import MESSAGE, STREAM
+
+    composed = Composed(MessagesOverChat(), ChatOverMessages())
+    assert (composed.client, composed.upstream, composed.upstream_path) == ("messages", "messages", "/messages")
+    composed.request({**CONVERSATION, "stream": True})
+    answer, lost = composed.answer(MESSAGE)
+    message = sdk.message(answer)
+    assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
+    assert message.stop_reason == "tool_use" and lost == ["thinking_signature_dropped"]
+    stream = composed.stream()
+    out = b"".join(stream.feed(piece) for piece in sdk.pieces(STREAM, 11)) + stream.flush()
+    streamed = sdk.messages_stream(out)
+    assert [b.type for b in streamed.content] == ["thinking", "text", "tool_use"]
+    assert stream.losses == ["thinking_signature_dropped"]
+    error = json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}).encode()
+    assert json.loads(composed.error(529, error))["error"] == {"type": "overloaded_error", "message": "busy"}
+    assert sdk.events(stream.error("cut"))[-1][0] == "error"
+
+
+def test_a_pair_not_registered_is_composed_where_both_halves_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router._translate import registry
+
+    registry._load()
+    assert translation("completions", "messages") is None  # no completions -> chat half
+    monkeypatch.setitem(registry._PAIRS, ("completions", "chat"), MessagesOverChat)
+    composed = translation("completions", "messages")
+    assert isinstance(composed, Composed) and composed.upstream_path == "/messages"
+    assert ("completions", "messages") in pairs()
+
+
+def test_an_event_stream_tolerates_what_is_not_json() -> None:
+    stream = MessagesOverChat().stream()
+    assert stream.feed(b": keep-alive\n\ndata: not json\n\n") == b""
+    assert stream.flush() == b""  # nothing started: nothing to end
+    assert SseEvent(None, "[DONE]").json() is None

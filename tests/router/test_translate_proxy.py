@@ -59,6 +59,8 @@ def chat_upstream(request: httpx.Request) -> httpx.Response:
     seen.append(request)
     body = json.loads(request.content)
     sdk.chat_request(body)
+    if body["messages"][-1]["content"] == "garbage":
+        return httpx.Response(200, content=b"<html>oops</html>", headers={"content-type": "text/html"})
     if body["messages"][-1]["content"] == "fail":
         return httpx.Response(429, json={"error": {"message": "slow down", "type": "rate_limit"}})
     asks_tool = body["messages"][-1]["role"] == "user" and "tools" in body
@@ -272,3 +274,9 @@ async def test_an_answer_guard_judges_the_translated_answer(claude: anthropic.As
             [event async for event in stream]
     fine = await claude.messages.create(model="guarded", max_tokens=9, messages=[{"role": "user", "content": "hi"}])
     assert fine.content[0].type == "text"
+
+
+async def test_an_answer_that_is_not_json_is_a_502_in_the_clients_shape(claude: anthropic.AsyncAnthropic) -> None:
+    with pytest.raises(anthropic.APIStatusError, match="not JSON") as raised:
+        await claude.messages.create(model="tochat", max_tokens=9, messages=[{"role": "user", "content": "garbage"}])
+    assert raised.value.status_code == 502
