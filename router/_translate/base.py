@@ -159,6 +159,16 @@ def dropped(kind: Any, suffix: str = "dropped") -> str:
     return f"{word}_{suffix}"
 
 
+def obj(value: Any) -> Body:
+    """`value` if it is an object, else an empty one: a lenient reading lets odd shapes through."""
+    return value if isinstance(value, dict) else {}
+
+
+def items(value: Any) -> list[Any]:
+    """`value` if it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
 def named(losses: list[str], name: str) -> None:
     """Add `name` to `losses` once."""
     if name not in losses:

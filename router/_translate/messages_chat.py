@@ -18,7 +18,7 @@ from typing import Any
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, named, sse
+from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, items, named, obj, sse
 from router._translate.registry import pair
 
 # A thinking budget as chat's reasoning effort: up to 4k tokens is low, up to 16k medium, more high.
@@ -54,7 +54,7 @@ class MessagesOverChat:
         system = body.get("system")
         if system is not None:
             messages.append({"role": "system", "content": _text(system, lost)})
-        for message in body.get("messages") or ():
+        for message in items(body.get("messages")):
             if isinstance(message, dict):
                 messages.extend(_message(message, lost))
         out["messages"] = messages
@@ -67,7 +67,7 @@ class MessagesOverChat:
         if isinstance(stops, list) and stops:
             self.stops = [stop for stop in stops if isinstance(stop, str)]
             out["stop"] = self.stops
-        tools = [_tool(tool, lost) for tool in body.get("tools") or () if isinstance(tool, dict)]
+        tools = [_tool(tool, lost) for tool in items(body.get("tools")) if isinstance(tool, dict)]
         if any(tools):
             out["tools"] = [tool for tool in tools if tool]
         _tool_choice(body.get("tool_choice"), out, lost)
@@ -88,7 +88,7 @@ class MessagesOverChat:
                 named(lost, "metadata_dropped")
         output = config.get("format") or body.get("output_format")  # output_format: the beta's name
         if isinstance(output, dict) and output.get("type") == "json_schema":
-            schema = {"name": "output", "schema": output.get("schema") or {}}
+            schema = {"name": "output", "schema": obj(output.get("schema"))}
             out["response_format"] = {"type": "json_schema", "json_schema": schema}
         for name, loss in _UNCARRIED.items():
             if body.get(name) is not None:
@@ -98,11 +98,11 @@ class MessagesOverChat:
     # --- the answer -----------------------------------------------------------------------------------------------
     def answer(self, body: Body) -> tuple[Body, list[str]]:
         lost: list[str] = []
-        choices = body.get("choices") or [{}]
+        choices = items(body.get("choices")) or [{}]
         if len(choices) > 1:
             named(lost, "choices_dropped")
-        choice = choices[0] if isinstance(choices[0], dict) else {}
-        message = choice.get("message") or {}
+        choice = obj(choices[0])
+        message = obj(choice.get("message"))
         content: list[Body] = []
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
@@ -113,10 +113,10 @@ class MessagesOverChat:
         refusal = message.get("refusal")
         if isinstance(refusal, str) and refusal:
             content.append({"type": "text", "text": refusal})
-        for call in message.get("tool_calls") or ():
+        for call in items(message.get("tool_calls")):
             if not isinstance(call, dict):
                 continue
-            function = call.get("function") or {}
+            function = obj(call.get("function"))
             content.append({"type": "tool_use", "id": call.get("id") or _tool_id(), "name": function.get("name", ""),
                             "input": _arguments(function.get("arguments"), lost)})  # fmt: skip
         reason, sequence = self.stop_reason(choice)
@@ -231,7 +231,7 @@ def _message(message: Body, lost: list[str]) -> list[Body]:
             if image is not None:
                 parts.append(image)
         elif kind == "tool_use":
-            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            arguments = json.dumps(obj(block.get("input")), ensure_ascii=False)
             calls.append({"id": block.get("id"), "type": "function",
                           "function": {"name": block.get("name"), "arguments": arguments}})  # fmt: skip
         elif kind == "tool_result":
@@ -324,7 +324,7 @@ class ChatToMessagesStream(EventTranslator):
         out = b"" if self.started else self.start(chunk)
         if isinstance(chunk.get("usage"), dict):
             self.usage = usage(chunk["usage"])
-        for choice in chunk.get("choices") or ():
+        for choice in items(chunk.get("choices")):
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 out += self.delta(choice)
         return out
@@ -338,7 +338,7 @@ class ChatToMessagesStream(EventTranslator):
 
     def delta(self, choice: Body) -> bytes:
         out = b""
-        delta = choice.get("delta") or {}
+        delta = obj(choice.get("delta"))
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
             out += self.open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
@@ -347,10 +347,10 @@ class ChatToMessagesStream(EventTranslator):
         if isinstance(text, str) and text:
             out += self.open("text", {"type": "text", "text": ""})
             out += self.piece({"type": "text_delta", "text": text})
-        for call in delta.get("tool_calls") or ():
+        for call in items(delta.get("tool_calls")):
             if not isinstance(call, dict):
                 continue
-            function = call.get("function") or {}
+            function = obj(call.get("function"))
             kind = f"tool:{call.get('index', 0)}"
             if self.block is None or self.block[0] != kind:
                 out += self.open(kind, {"type": "tool_use", "id": call.get("id") or _tool_id(),

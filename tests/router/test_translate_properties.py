@@ -201,3 +201,29 @@ def test_a_stream_cut_anywhere_is_the_whole_answer(answer: dict[str, Any], cuts:
     assert [b.model_dump(exclude={"id"}) for b in streamed.content] == [
         b.model_dump(exclude={"id"}) for b in whole.content]  # fmt: skip
     assert (streamed.stop_reason, streamed.usage.output_tokens) == (whole.stop_reason, whole.usage.output_tokens)
+
+
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-5, 5), words),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(
+        ["type", "role", "content", "text", "id", "name", "input", "source", "tool_use_id", "function", "arguments",
+         "tool_calls", "messages", "system", "tools", "choices", "message", "delta", "usage", "index"]), inner,
+        max_size=4)),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@FAST
+@given(st.dictionaries(st.sampled_from(["model", "messages", "system", "tools", "tool_choice", "stop", "stop_sequences",
+                                        "metadata", "thinking", "output_config", "response_format", "max_tokens",
+                                        "reasoning_effort", "stream", "stream_options", "content", "choices",
+                                        "usage", "id", "stop_reason"]), json_values, max_size=6))  # fmt: skip
+def test_no_body_makes_a_translation_raise(body: dict[str, Any]) -> None:
+    """A policy reading leniently lets odd parts through: whatever the body, each translation makes a body."""
+    for tr in (MessagesOverChat(), ChatOverMessages()):
+        tr.request(body)
+        tr.answer(body)
+        stream = tr.stream()
+        stream.feed(b"data: " + json.dumps(body).encode() + b"\n\n")
+        stream.feed(b"event: message_start\ndata: " + json.dumps(body).encode() + b"\n\n")
+        stream.flush()
