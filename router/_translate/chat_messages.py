@@ -170,6 +170,12 @@ def usage(value: Any) -> Body:
             "prompt_tokens_details": {"cached_tokens": read}}  # fmt: skip
 
 
+def _index(event: Body) -> int:
+    """A Messages event's block index (0 if it has none fit to be one)."""
+    index = event.get("index")
+    return index if isinstance(index, int) else 0
+
+
 def _chat_id(message_id: Any) -> str:
     return f"chatcmpl-{message_id}" if isinstance(message_id, str) and message_id else f"chatcmpl-{uuid.uuid4().hex}"
 
@@ -313,7 +319,7 @@ class MessagesToChatStream(EventTranslator):
         if kind == "content_block_start":
             block = obj(data.get("content_block"))
             if block.get("type") == "tool_use":
-                index = self.tools[data.get("index", 0)] = len(self.tools)
+                index = self.tools[_index(data)] = len(self.tools)
                 call = {"index": index, "id": block.get("id"), "type": "function",
                         "function": {"name": block.get("name", ""), "arguments": ""}}  # fmt: skip
                 return self.chunk({"tool_calls": [call]})
@@ -329,8 +335,8 @@ class MessagesToChatStream(EventTranslator):
         if kind == "message_stop":
             return self.end()
         if kind == "error":
-            message, _ = error_message(event.data.encode())
-            return self.error(message)
+            text, _ = error_message(event.data.encode())
+            return self.error(text)
         return b""  # ping, content_block_stop
 
     def delta(self, data: Body) -> bytes:
@@ -341,7 +347,7 @@ class MessagesToChatStream(EventTranslator):
         if kind == "thinking_delta":
             return self.chunk({"reasoning_content": delta.get("thinking", "")})
         if kind == "input_json_delta":
-            index = self.tools.get(data.get("index", 0), 0)
+            index = self.tools.get(_index(data), 0)
             return self.chunk({"tool_calls": [{"index": index, "function": {"arguments": delta.get("partial_json")}}]})
         if kind == "signature_delta":
             self.lose("thinking_signature_dropped")

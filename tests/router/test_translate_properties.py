@@ -207,7 +207,8 @@ json_values = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(-5, 5), words),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(
         ["type", "role", "content", "text", "id", "name", "input", "source", "tool_use_id", "function", "arguments",
-         "tool_calls", "messages", "system", "tools", "choices", "message", "delta", "usage", "index"]), inner,
+         "tool_calls", "messages", "system", "tools", "choices", "message", "delta", "usage", "index",
+         "content_block", "partial_json", "finish_reason", "reasoning_content", "image_url", "url", "tool_call_id"]), inner,
         max_size=4)),
     max_leaves=12,
 )  # fmt: skip
