@@ -261,3 +261,18 @@ def test_an_event_stream_tolerates_what_is_not_json() -> None:
     assert stream.feed(b": keep-alive\n\ndata: not json\n\n") == b""
     assert stream.flush() == b""  # nothing started: nothing to end
     assert SseEvent(None, "[DONE]").json() is None
+
+
+def test_the_load_check_knows_every_registered_pair() -> None:
+    """`d3router check` (policies, which imports nothing of the router) decides from `policies.TRANSLATIONS`: it must
+    list exactly the pairs router/_translate registers, or check would refuse a route that works, or pass one that
+    fails at request time."""
+    from policies import TRANSLATIONS, translatable
+    from router._translate import registry
+
+    registry._load()
+    assert set(registry._PAIRS) == TRANSLATIONS
+    assert all(translatable(a, b) == (translation(a, b) is not None) for a in APIS for b in APIS if a != b)
+
+
+APIS = ("chat", "completions", "responses", "messages")
