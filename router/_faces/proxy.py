@@ -236,8 +236,9 @@ class ProxyApp(Endpoints):
                     )
                 else:
                     response, failure = await self.forwarder.open(
-                        carried.upstream_api, upstream, name, "POST", carried.path, carried.scope(request.scope),
-                        carried.payload, [*tags, *carried.headers(request.scope["headers"])],
+                        carried.upstream_api, upstream, name, "POST", carried.path,
+                        carried.scope(request.scope, upstream), carried.payload,
+                        [*tags, *carried.headers(request.scope["headers"], upstream)],
                     )  # fmt: skip
                 if response is None:
                     attempt.set_attribute("error.type", str(failure[0]))

@@ -47,16 +47,25 @@ class Carried:
         self.path = tr.upstream_path
         self.upstream_api: Api = API_BY_NAME[tr.upstream]
 
-    def headers(self, client_headers: Headers) -> Headers:
+    def headers(self, client_headers: Headers, upstream: UpstreamSettings) -> Headers:
         """Headers the upstream needs: the body unencoded (it is read and rewritten); Anthropic's version header for
-        a Messages upstream when the client did not send one."""
+        a Messages upstream when the client did not send one; with `forward_client_key`, the caller's key moved to
+        the upstream API's own header (an `anthropic` client's `x-api-key` as chat's `Authorization: Bearer`)."""
         out: Headers = [(b"accept-encoding", b"identity")]
         if self.tr.upstream == "messages" and not any(k == b"anthropic-version" for k, _ in client_headers):
             out.append((b"anthropic-version", ANTHROPIC_VERSION))
+        if upstream.forward_client_key:
+            key = _client_key(client_headers)
+            if key is not None:
+                out += self.upstream_api.key_headers(key)  # the client's own are left out (`scope`)
         return out
 
-    def scope(self, scope: Scope) -> Scope:
-        """The client's request as forwarded: without its query, which is its own API's (`?beta=true`)."""
+    def scope(self, scope: Scope, upstream: UpstreamSettings) -> Scope:
+        """The client's request as forwarded: without its query, which is its own API's (`?beta=true`), and with
+        `forward_client_key`, without its key headers (`headers` sends the key in the upstream API's)."""
+        if upstream.forward_client_key:
+            kept = [(k, v) for k, v in scope["headers"] if k not in (b"x-api-key", b"authorization")]
+            return {**scope, "query_string": b"", "headers": kept}
         return {**scope, "query_string": b""}
 
     def shown(self, extra: Sequence[str] = ()) -> Headers:
@@ -123,6 +132,15 @@ class _Events(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self.response.aclose()
+
+
+def _client_key(headers: Headers) -> str | None:
+    for name, value in headers:
+        if name == b"x-api-key":
+            return value.decode("latin-1")
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            return value[7:].decode("latin-1")
+    return None
 
 
 def carry(

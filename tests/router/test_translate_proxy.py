@@ -29,6 +29,7 @@ server: {default_policy: tochat, expose_decisions: true}
 upstreams:
   chatup: {url: http://chat.test/v1, model: qwen, api: chat, api_key_env: CHAT_KEY}
   msgup: {url: http://msg.test/v1, model: claude-x, api: messages, api_key_env: MSG_KEY}
+  ownkey: {url: http://chat.test/v1, model: qwen, api: chat, forward_client_key: true}
 policies:
   tochat:
     apis: [messages, chat]
@@ -36,6 +37,9 @@ policies:
   tomsg:
     apis: [chat, messages]
     rules: [{name: default, route: msgup}]
+  ownkey:
+    apis: [messages]
+    rules: [{name: default, route: ownkey}]
   guarded:
     apis: [messages]
     rules: [{name: default, route: chatup}]
@@ -280,3 +284,9 @@ async def test_an_answer_that_is_not_json_is_a_502_in_the_clients_shape(claude: 
     with pytest.raises(anthropic.APIStatusError, match="not JSON") as raised:
         await claude.messages.create(model="tochat", max_tokens=9, messages=[{"role": "user", "content": "garbage"}])
     assert raised.value.status_code == 502
+
+
+async def test_a_forwarded_client_key_goes_in_the_upstream_apis_header(claude: anthropic.AsyncAnthropic) -> None:
+    await claude.messages.create(model="ownkey", max_tokens=9, messages=[{"role": "user", "content": "hi"}])
+    headers = seen[-1].headers
+    assert headers["authorization"] == "Bearer sk-agent" and "x-api-key" not in headers
