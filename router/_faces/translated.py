@@ -28,7 +28,7 @@ from router._asgi.headers import HOP_BY_HOP_RAW, Headers
 from router._asgi.relay import UpstreamBroke
 from router._errors import BadRequest
 from router._observe.metrics import Metrics
-from router._translate.base import StreamTranslator, Translation
+from router._translate.base import UNSIGNED, StreamTranslator, Translation
 from router._translate.registry import translation
 
 logger = logging.getLogger(__name__)
@@ -132,6 +132,25 @@ class _Events(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self.response.aclose()
+
+
+def unsigned(api: Api, payload: bytes, metrics: Metrics) -> tuple[bytes, Headers]:
+    """A Messages request to a Messages upstream without the thinking blocks the router made from another API's
+    reasoning (their signature `UNSIGNED`): a session that moved from a chat upstream to an Anthropic one would
+    otherwise send them, and Anthropic refuses a signature its model did not make. Named, as every loss."""
+    if api.name != "messages" or _MARK not in payload:
+        return payload, []
+    body = json.loads(payload)
+    for message in body.get("messages") if isinstance(body.get("messages"), list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            message["content"] = [block for block in content if not (isinstance(block, dict) and
+                                  block.get("type") == "thinking" and block.get("signature") == UNSIGNED)]  # fmt: skip
+    metrics.translation_losses[(api.name, api.name, "unsigned_thinking_dropped")] += 1
+    return json_bytes(body), [(LOSSES_HEADER, b"unsigned_thinking_dropped")]
+
+
+_MARK = UNSIGNED.encode()
 
 
 def _client_key(headers: Headers) -> str | None:

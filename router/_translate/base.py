@@ -25,6 +25,9 @@ from typing import Any, Protocol
 from policies import ApiName
 
 Body = dict[str, Any]
+# The signature of a thinking block the router made from another API's reasoning: no model made it, so the router
+# never sends such a block on, whatever the route (router/_faces/translated.py `unsigned`).
+UNSIGNED = "d3router-unsigned"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,18 @@ from typing import Any
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, items, named, obj, sse
+from router._translate.base import (
+    UNSIGNED,
+    Body,
+    EventTranslator,
+    SseEvent,
+    dropped,
+    error_message,
+    items,
+    named,
+    obj,
+    sse,
+)
 from router._translate.registry import pair
 
 DEFAULT_MAX_TOKENS = 4096
@@ -134,7 +145,7 @@ class ChatOverMessages:
                 texts.append(block.get("text", ""))
             elif kind == "thinking":
                 thinking.append(block.get("thinking", ""))
-                if block.get("signature"):
+                if block.get("signature") not in (None, "", UNSIGNED):  # a model's own signature
                     named(lost, "thinking_signature_dropped")
             elif kind == "tool_use":
                 calls.append(_call(block, len(calls)))
@@ -349,7 +360,7 @@ class MessagesToChatStream(EventTranslator):
         if kind == "input_json_delta":
             index = self.tools.get(_index(data), 0)
             return self.chunk({"tool_calls": [{"index": index, "function": {"arguments": delta.get("partial_json")}}]})
-        if kind == "signature_delta":
+        if kind == "signature_delta" and delta.get("signature") != UNSIGNED:
             self.lose("thinking_signature_dropped")
         return b""
 

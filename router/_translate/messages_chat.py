@@ -18,7 +18,18 @@ from typing import Any
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, items, named, obj, sse
+from router._translate.base import (
+    UNSIGNED,
+    Body,
+    EventTranslator,
+    SseEvent,
+    dropped,
+    error_message,
+    items,
+    named,
+    obj,
+    sse,
+)
 from router._translate.registry import pair
 
 # A thinking budget as chat's reasoning effort: up to 4k tokens is low, up to 16k medium, more high.
@@ -106,7 +117,7 @@ class MessagesOverChat:
         content: list[Body] = []
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
-            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+            content.append({"type": "thinking", "thinking": reasoning, "signature": UNSIGNED})
         text = message.get("content")
         if isinstance(text, str) and text:
             content.append({"type": "text", "text": text})
@@ -240,7 +251,7 @@ def _message(message: Body, lost: list[str]) -> list[Body]:
             # Chat has no place for a thinking block, and its signature is the Anthropic model's own: never sent
             # to another model ("Invalid signature in thinking block").
             named(lost, "thinking_dropped")
-            if block.get("signature"):
+            if block.get("signature") and block.get("signature") != UNSIGNED:
                 named(lost, "thinking_signature_dropped")
         elif kind == "redacted_thinking":
             named(lost, "redacted_thinking_dropped")
@@ -378,8 +389,11 @@ class ChatToMessagesStream(EventTranslator):
     def close(self) -> bytes:
         if self.block is None:
             return b""
+        out = b""
+        if self.block[0] == "thinking":  # marked as made by no model: never sent on (base.UNSIGNED)
+            out = self.piece({"type": "signature_delta", "signature": UNSIGNED})
         self.block = None
-        return sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")
+        return out + sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")
 
     def end(self) -> bytes:
         if self.ended or not self.started:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router._translate.base import SseEvent, SseReader
+from router._translate.base import UNSIGNED, SseEvent, SseReader
 from router._translate.chat_messages import ChatOverMessages
 from router._translate.messages_chat import MessagesOverChat, effort
 from router._translate.registry import Composed, pairs, translation
@@ -123,6 +123,7 @@ def test_a_chat_answer_becomes_a_message_the_anthropic_sdk_reads() -> None:
     message = sdk.message(answer)
     assert lost == []
     assert [block.type for block in message.content] == ["thinking", "text", "tool_use"]
+    assert message.content[0].type == "thinking" and message.content[0].signature == UNSIGNED  # made by no model
     call = message.content[2]
     assert call.type == "tool_use" and (call.id, call.name, call.input) == ("call_9", "weather", {"city": "Oslo"})
     assert message.stop_reason == "tool_use"
@@ -170,6 +171,7 @@ def test_a_chat_stream_becomes_messages_events_the_anthropic_sdk_accumulates(siz
     message = sdk.messages_stream(out)
     assert [block.type for block in message.content] == ["thinking", "text", "tool_use", "tool_use"]
     assert message.content[0].type == "thinking" and message.content[0].thinking == "Need the tool."
+    assert message.content[0].signature == UNSIGNED
     assert message.content[1].type == "text" and message.content[1].text == "Looking it up."
     calls = [(b.id, b.name, b.input) for b in message.content if b.type == "tool_use"]
     assert calls == [("call_9", "weather", {"city": "Oslo"}), ("call_10", "clock", {})]

@@ -19,7 +19,7 @@ import respx
 from d3backend import FakeEngine
 from policies import ConfigError, parse_config
 from router import ProxyApp, create_app
-from router._translate.base import sse
+from router._translate.base import UNSIGNED, sse
 from tests.router import _sdk_shapes as sdk
 
 pytestmark = pytest.mark.anyio
@@ -30,6 +30,7 @@ upstreams:
   chatup: {url: http://chat.test/v1, model: qwen, api: chat, api_key_env: CHAT_KEY}
   msgup: {url: http://msg.test/v1, model: claude-x, api: messages, api_key_env: MSG_KEY}
   ownkey: {url: http://chat.test/v1, model: qwen, api: chat, forward_client_key: true}
+  native: {url: http://msg.test/v1, model: claude-x}
 policies:
   tochat:
     apis: [messages, chat]
@@ -37,6 +38,9 @@ policies:
   tomsg:
     apis: [chat, messages]
     rules: [{name: default, route: msgup}]
+  native:
+    apis: [messages]
+    rules: [{name: default, route: native}]
   ownkey:
     apis: [messages]
     rules: [{name: default, route: ownkey}]
@@ -119,7 +123,7 @@ def messages_upstream(request: httpx.Request) -> httpx.Response:
     seen.append(request)
     body = json.loads(request.content)
     sdk.messages_request(body)  # raises (a 500 here, a failed test there) on a body the SDK would not send
-    if body["messages"][-1]["content"][0]["text"] == "fail":
+    if json.dumps(body["messages"][-1]["content"]) in ('"fail"', '[{"type": "text", "text": "fail"}]'):
         return httpx.Response(529, json={"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
     if body.get("stream"):
         events: list[dict[str, Any]] = [{"type": "message_start", "message": {**MESSAGE, "content": [], "stop_reason": None}},
@@ -290,3 +294,23 @@ async def test_a_forwarded_client_key_goes_in_the_upstream_apis_header(claude: a
     await claude.messages.create(model="ownkey", max_tokens=9, messages=[{"role": "user", "content": "hi"}])
     headers = seen[-1].headers
     assert headers["authorization"] == "Bearer sk-agent" and "x-api-key" not in headers
+
+
+async def test_thinking_the_router_made_is_never_sent_to_an_anthropic_upstream(
+    claude: anthropic.AsyncAnthropic, http: httpx.AsyncClient
+) -> None:
+    """A turn answered by a chat upstream carries thinking the router made (its signature marks it); a later turn
+    that goes to a Messages upstream natively sends it back: it is left out there, named, and a real one is kept."""
+    first = await claude.messages.create(model="tochat", max_tokens=9, messages=[{"role": "user", "content": "hi"}])
+    made = {"type": "thinking", "thinking": "the chat model's reasoning", "signature": UNSIGNED}
+    real = {"type": "thinking", "thinking": "Claude's own", "signature": "c2ln"}
+    turns = [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": [made, *(b.model_dump() for b in first.content)]},
+             {"role": "user", "content": "and?"}, {"role": "assistant", "content": [real, {"type": "text", "text": "so"}]},
+             {"role": "user", "content": "more"}]  # fmt: skip
+    response = await http.post("/v1/messages", json={"model": "native", "max_tokens": 9, "messages": turns})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-d3-translation-losses"] == "unsigned_thinking_dropped"
+    sent = json.loads(seen[-1].content)["messages"]
+    assert UNSIGNED.encode() not in seen[-1].content
+    assert sent[3]["content"][0] == real
