@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import httpx
+from starlette.types import Scope
 
 from d3backend import json_bytes
 from policies import UpstreamSettings
@@ -27,7 +28,7 @@ from router._asgi.headers import HOP_BY_HOP_RAW, Headers
 from router._asgi.relay import UpstreamBroke
 from router._errors import BadRequest
 from router._observe.metrics import Metrics
-from router._translate.base import StreamTranslator, Translation
+from router._translate.base import UNSIGNED, StreamTranslator, Translation
 from router._translate.registry import translation
 
 logger = logging.getLogger(__name__)
@@ -46,13 +47,26 @@ class Carried:
         self.path = tr.upstream_path
         self.upstream_api: Api = API_BY_NAME[tr.upstream]
 
-    def headers(self, client_headers: Headers) -> Headers:
+    def headers(self, client_headers: Headers, upstream: UpstreamSettings) -> Headers:
         """Headers the upstream needs: the body unencoded (it is read and rewritten); Anthropic's version header for
-        a Messages upstream when the client did not send one."""
+        a Messages upstream when the client did not send one; with `forward_client_key`, the caller's key moved to
+        the upstream API's own header (an `anthropic` client's `x-api-key` as chat's `Authorization: Bearer`)."""
         out: Headers = [(b"accept-encoding", b"identity")]
         if self.tr.upstream == "messages" and not any(k == b"anthropic-version" for k, _ in client_headers):
             out.append((b"anthropic-version", ANTHROPIC_VERSION))
+        if upstream.forward_client_key:
+            key = _client_key(client_headers)
+            if key is not None:
+                out += self.upstream_api.key_headers(key)  # the client's own are left out (`scope`)
         return out
+
+    def scope(self, scope: Scope, upstream: UpstreamSettings) -> Scope:
+        """The client's request as forwarded: without its query, which is its own API's (`?beta=true`), and with
+        `forward_client_key`, without its key headers (`headers` sends the key in the upstream API's)."""
+        if upstream.forward_client_key:
+            kept = [(k, v) for k, v in scope["headers"] if k not in (b"x-api-key", b"authorization")]
+            return {**scope, "query_string": b"", "headers": kept}
+        return {**scope, "query_string": b""}
 
     def shown(self, extra: Sequence[str] = ()) -> Headers:
         """The losses header (when something was lost)."""
@@ -118,6 +132,34 @@ class _Events(httpx.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self.response.aclose()
+
+
+def unsigned(api: Api, payload: bytes, metrics: Metrics) -> tuple[bytes, Headers]:
+    """A Messages request to a Messages upstream without the thinking blocks the router made from another API's
+    reasoning (their signature `UNSIGNED`): a session that moved from a chat upstream to an Anthropic one would
+    otherwise send them, and Anthropic refuses a signature its model did not make. Named, as every loss."""
+    if api.name != "messages" or _MARK not in payload:
+        return payload, []
+    body = json.loads(payload)
+    for message in body.get("messages") if isinstance(body.get("messages"), list) else ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            message["content"] = [block for block in content if not (isinstance(block, dict) and
+                                  block.get("type") == "thinking" and block.get("signature") == UNSIGNED)]  # fmt: skip
+    metrics.translation_losses[(api.name, api.name, "unsigned_thinking_dropped")] += 1
+    return json_bytes(body), [(LOSSES_HEADER, b"unsigned_thinking_dropped")]
+
+
+_MARK = UNSIGNED.encode()
+
+
+def _client_key(headers: Headers) -> str | None:
+    for name, value in headers:
+        if name == b"x-api-key":
+            return value.decode("latin-1")
+        if name == b"authorization" and value[:7].lower() == b"bearer ":
+            return value[7:].decode("latin-1")
+    return None
 
 
 def carry(

@@ -25,6 +25,9 @@ from typing import Any, Protocol
 from policies import ApiName
 
 Body = dict[str, Any]
+# The signature of a thinking block the router made from another API's reasoning: no model made it, so the router
+# never sends such a block on, whatever the route (router/_faces/translated.py `unsigned`).
+UNSIGNED = "d3router-unsigned"
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,16 @@ def dropped(kind: Any, suffix: str = "dropped") -> str:
     name, else `unknown`), e.g. `document_dropped`."""
     word = kind if isinstance(kind, str) and _LOSS.fullmatch(kind) else "unknown"
     return f"{word}_{suffix}"
+
+
+def obj(value: Any) -> Body:
+    """`value` if it is an object, else an empty one: a lenient reading lets odd shapes through."""
+    return value if isinstance(value, dict) else {}
+
+
+def items(value: Any) -> list[Any]:
+    """`value` if it is a list, else an empty one."""
+    return value if isinstance(value, list) else []
 
 
 def named(losses: list[str], name: str) -> None:

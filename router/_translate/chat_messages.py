@@ -20,7 +20,18 @@ from typing import Any
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, named, sse
+from router._translate.base import (
+    UNSIGNED,
+    Body,
+    EventTranslator,
+    SseEvent,
+    dropped,
+    error_message,
+    items,
+    named,
+    obj,
+    sse,
+)
 from router._translate.registry import pair
 
 DEFAULT_MAX_TOKENS = 4096
@@ -50,7 +61,7 @@ class ChatOverMessages:
         cache = [0]
         system: list[Body] = []
         messages: list[Body] = []
-        for message in body.get("messages") or ():
+        for message in items(body.get("messages")):
             if not isinstance(message, dict):
                 continue
             role = message.get("role")
@@ -84,7 +95,7 @@ class ChatOverMessages:
             out["stream"] = True
             options = body.get("stream_options")
             self.usage_chunk = isinstance(options, dict) and bool(options.get("include_usage"))
-        tools = [_tool(tool, lost) for tool in body.get("tools") or () if isinstance(tool, dict)]
+        tools = [_tool(tool, lost) for tool in items(body.get("tools")) if isinstance(tool, dict)]
         if tools:
             out["tools"] = tools
         _tool_choice(body, out)
@@ -95,10 +106,10 @@ class ChatOverMessages:
             named(lost, "metadata_dropped")
         response_format = body.get("response_format")
         if isinstance(response_format, dict) and response_format.get("type") == "json_schema":
-            schema = response_format.get("json_schema") or {}
+            schema = obj(response_format.get("json_schema"))
             out.setdefault("output_config", {})["format"] = {
                 "type": "json_schema",
-                "schema": schema.get("schema") or {},
+                "schema": obj(schema.get("schema")),
             }
         elif isinstance(response_format, dict) and response_format.get("type") == "json_object":
             named(lost, "response_format_dropped")
@@ -117,7 +128,7 @@ class ChatOverMessages:
         elif effort == "minimal":
             named(lost, "reasoning_effort_approximated")
             out.setdefault("output_config", {})["effort"] = "low"
-        elif effort in EFFORTS:
+        elif isinstance(effort, str) and effort in EFFORTS:
             out.setdefault("output_config", {})["effort"] = effort
 
     # --- the answer -----------------------------------------------------------------------------------------------
@@ -126,7 +137,7 @@ class ChatOverMessages:
         texts: list[str] = []
         thinking: list[str] = []
         calls: list[Body] = []
-        for block in body.get("content") or ():
+        for block in items(body.get("content")):
             if not isinstance(block, dict):
                 continue
             kind = block.get("type")
@@ -134,7 +145,7 @@ class ChatOverMessages:
                 texts.append(block.get("text", ""))
             elif kind == "thinking":
                 thinking.append(block.get("thinking", ""))
-                if block.get("signature"):
+                if block.get("signature") not in (None, "", UNSIGNED):  # a model's own signature
                     named(lost, "thinking_signature_dropped")
             elif kind == "tool_use":
                 calls.append(_call(block, len(calls)))
@@ -170,12 +181,18 @@ def usage(value: Any) -> Body:
             "prompt_tokens_details": {"cached_tokens": read}}  # fmt: skip
 
 
+def _index(event: Body) -> int:
+    """A Messages event's block index (0 if it has none fit to be one)."""
+    index = event.get("index")
+    return index if isinstance(index, int) else 0
+
+
 def _chat_id(message_id: Any) -> str:
     return f"chatcmpl-{message_id}" if isinstance(message_id, str) and message_id else f"chatcmpl-{uuid.uuid4().hex}"
 
 
 def _call(block: Body, index: int) -> Body:
-    arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+    arguments = json.dumps(obj(block.get("input")), ensure_ascii=False)
     return {"index": index, "id": block.get("id"), "type": "function",
             "function": {"name": block.get("name", ""), "arguments": arguments}}  # fmt: skip
 
@@ -237,10 +254,10 @@ def _assistant(message: Body, lost: list[str], cache: list[int]) -> list[Body]:
         named(lost, "reasoning_dropped")  # Anthropic takes thinking back only with the signature its model made
     if isinstance(message.get("refusal"), str):
         blocks.append({"type": "text", "text": message["refusal"]})
-    for call in message.get("tool_calls") or ():
+    for call in items(message.get("tool_calls")):
         if not isinstance(call, dict):
             continue
-        function = call.get("function") or {}
+        function = obj(call.get("function"))
         try:
             arguments = json.loads(function.get("arguments") or "{}")
         except ValueError:
@@ -256,7 +273,7 @@ def _assistant(message: Body, lost: list[str], cache: list[int]) -> list[Body]:
 
 
 def _tool(tool: Body, lost: list[str]) -> Body:
-    function = tool.get("function") or {}
+    function = obj(tool.get("function"))
     out: Body = {"name": function.get("name", ""), "input_schema": function.get("parameters") or {"type": "object"}}
     if isinstance(function.get("description"), str):
         out["description"] = function["description"]
@@ -275,7 +292,7 @@ def _tool_choice(body: Body, out: Body) -> None:
     elif choice == "none":
         made = {"type": "none"}
     elif isinstance(choice, dict):
-        made = {"type": "tool", "name": (choice.get("function") or {}).get("name", "")}
+        made = {"type": "tool", "name": obj(choice.get("function")).get("name", "")}
     if body.get("parallel_tool_calls") is False and "tools" in out:
         made = {**(made or {"type": "auto"}), "disable_parallel_tool_use": True}
     if made is not None and "tools" in out:
@@ -306,14 +323,14 @@ class MessagesToChatStream(EventTranslator):
             return b""
         kind = data.get("type") or event.event
         if kind == "message_start":
-            message = data.get("message") or {}
+            message = obj(data.get("message"))
             self.id, self.model = _chat_id(message.get("id")), message.get("model", "")
-            self.usage = dict(message.get("usage") or {})
+            self.usage = dict(obj(message.get("usage")))
             return self.chunk({"role": "assistant", "content": ""})
         if kind == "content_block_start":
-            block = data.get("content_block") or {}
+            block = obj(data.get("content_block"))
             if block.get("type") == "tool_use":
-                index = self.tools[data.get("index", 0)] = len(self.tools)
+                index = self.tools[_index(data)] = len(self.tools)
                 call = {"index": index, "id": block.get("id"), "type": "function",
                         "function": {"name": block.get("name", ""), "arguments": ""}}  # fmt: skip
                 return self.chunk({"tool_calls": [call]})
@@ -323,27 +340,27 @@ class MessagesToChatStream(EventTranslator):
         if kind == "content_block_delta":
             return self.delta(data)
         if kind == "message_delta":
-            self.usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
-            reason = (data.get("delta") or {}).get("stop_reason")
+            self.usage.update({k: v for k, v in obj(data.get("usage")).items() if v is not None})
+            reason = obj(data.get("delta")).get("stop_reason")
             return self.chunk({}, FINISH_REASONS.get(reason, "stop") if isinstance(reason, str) else "stop")
         if kind == "message_stop":
             return self.end()
         if kind == "error":
-            message, _ = error_message(event.data.encode())
-            return self.error(message)
+            text, _ = error_message(event.data.encode())
+            return self.error(text)
         return b""  # ping, content_block_stop
 
     def delta(self, data: Body) -> bytes:
-        delta = data.get("delta") or {}
+        delta = obj(data.get("delta"))
         kind = delta.get("type")
         if kind == "text_delta":
             return self.chunk({"content": delta.get("text", "")})
         if kind == "thinking_delta":
             return self.chunk({"reasoning_content": delta.get("thinking", "")})
         if kind == "input_json_delta":
-            index = self.tools.get(data.get("index", 0), 0)
+            index = self.tools.get(_index(data), 0)
             return self.chunk({"tool_calls": [{"index": index, "function": {"arguments": delta.get("partial_json")}}]})
-        if kind == "signature_delta":
+        if kind == "signature_delta" and delta.get("signature") != UNSIGNED:
             self.lose("thinking_signature_dropped")
         return b""
 

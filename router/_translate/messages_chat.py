@@ -12,13 +12,21 @@ instance serves one request: the answer's `stop_sequence` is told from the reque
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 from policies import ApiName
 from router._apis.chat import CHAT
 from router._apis.messages import MESSAGES
-from router._translate.base import Body, EventTranslator, SseEvent, dropped, error_message, named, sse
+from router._translate._chat_events import ChatToMessagesStream, message_id, tool_id, usage
+from router._translate.base import (
+    UNSIGNED,
+    Body,
+    dropped,
+    error_message,
+    items,
+    named,
+    obj,
+)
 from router._translate.registry import pair
 
 # A thinking budget as chat's reasoning effort: up to 4k tokens is low, up to 16k medium, more high.
@@ -54,7 +62,7 @@ class MessagesOverChat:
         system = body.get("system")
         if system is not None:
             messages.append({"role": "system", "content": _text(system, lost)})
-        for message in body.get("messages") or ():
+        for message in items(body.get("messages")):
             if isinstance(message, dict):
                 messages.extend(_message(message, lost))
         out["messages"] = messages
@@ -67,7 +75,7 @@ class MessagesOverChat:
         if isinstance(stops, list) and stops:
             self.stops = [stop for stop in stops if isinstance(stop, str)]
             out["stop"] = self.stops
-        tools = [_tool(tool, lost) for tool in body.get("tools") or () if isinstance(tool, dict)]
+        tools = [_tool(tool, lost) for tool in items(body.get("tools")) if isinstance(tool, dict)]
         if any(tools):
             out["tools"] = [tool for tool in tools if tool]
         _tool_choice(body.get("tool_choice"), out, lost)
@@ -88,7 +96,7 @@ class MessagesOverChat:
                 named(lost, "metadata_dropped")
         output = config.get("format") or body.get("output_format")  # output_format: the beta's name
         if isinstance(output, dict) and output.get("type") == "json_schema":
-            schema = {"name": "output", "schema": output.get("schema") or {}}
+            schema = {"name": "output", "schema": obj(output.get("schema"))}
             out["response_format"] = {"type": "json_schema", "json_schema": schema}
         for name, loss in _UNCARRIED.items():
             if body.get(name) is not None:
@@ -98,29 +106,29 @@ class MessagesOverChat:
     # --- the answer -----------------------------------------------------------------------------------------------
     def answer(self, body: Body) -> tuple[Body, list[str]]:
         lost: list[str] = []
-        choices = body.get("choices") or [{}]
+        choices = items(body.get("choices")) or [{}]
         if len(choices) > 1:
             named(lost, "choices_dropped")
-        choice = choices[0] if isinstance(choices[0], dict) else {}
-        message = choice.get("message") or {}
+        choice = obj(choices[0])
+        message = obj(choice.get("message"))
         content: list[Body] = []
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         if isinstance(reasoning, str) and reasoning:
-            content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+            content.append({"type": "thinking", "thinking": reasoning, "signature": UNSIGNED})
         text = message.get("content")
         if isinstance(text, str) and text:
             content.append({"type": "text", "text": text})
         refusal = message.get("refusal")
         if isinstance(refusal, str) and refusal:
             content.append({"type": "text", "text": refusal})
-        for call in message.get("tool_calls") or ():
+        for call in items(message.get("tool_calls")):
             if not isinstance(call, dict):
                 continue
-            function = call.get("function") or {}
-            content.append({"type": "tool_use", "id": call.get("id") or _tool_id(), "name": function.get("name", ""),
+            function = obj(call.get("function"))
+            content.append({"type": "tool_use", "id": call.get("id") or tool_id(), "name": function.get("name", ""),
                             "input": _arguments(function.get("arguments"), lost)})  # fmt: skip
         reason, sequence = self.stop_reason(choice)
-        answer = {"id": _message_id(body.get("id")), "type": "message", "role": "assistant",
+        answer = {"id": message_id(body.get("id")), "type": "message", "role": "assistant",
                   "model": body.get("model", ""), "content": content, "stop_reason": reason,
                   "stop_sequence": sequence, "usage": usage(body.get("usage"))}  # fmt: skip
         return answer, lost
@@ -135,33 +143,11 @@ class MessagesOverChat:
         return STOP_REASONS.get(finish, "end_turn"), None
 
     def stream(self) -> ChatToMessagesStream:
-        return ChatToMessagesStream(self)
+        return ChatToMessagesStream(self.stop_reason)
 
     def error(self, status: int, body: bytes) -> bytes:
         message, _ = error_message(body)
         return MESSAGES.error(status, message, "api_error")
-
-
-def usage(value: Any) -> Body:
-    """Chat's usage as Messages': the prompt's cached tokens are read from the cache, the rest are input."""
-    value = value if isinstance(value, dict) else {}
-    details = value.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    cached = cached if isinstance(cached, int) else 0
-    prompt = value.get("prompt_tokens")
-    out: Body = {"input_tokens": max(0, (prompt if isinstance(prompt, int) else 0) - cached),
-                 "output_tokens": value.get("completion_tokens") or 0}  # fmt: skip
-    if cached:
-        out["cache_read_input_tokens"] = cached
-    return out
-
-
-def _message_id(chat_id: Any) -> str:
-    return f"msg_{chat_id}" if isinstance(chat_id, str) and chat_id else f"msg_{uuid.uuid4().hex}"
-
-
-def _tool_id() -> str:
-    return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
 def _arguments(value: Any, lost: list[str]) -> Any:
@@ -231,7 +217,7 @@ def _message(message: Body, lost: list[str]) -> list[Body]:
             if image is not None:
                 parts.append(image)
         elif kind == "tool_use":
-            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            arguments = json.dumps(obj(block.get("input")), ensure_ascii=False)
             calls.append({"id": block.get("id"), "type": "function",
                           "function": {"name": block.get("name"), "arguments": arguments}})  # fmt: skip
         elif kind == "tool_result":
@@ -240,7 +226,7 @@ def _message(message: Body, lost: list[str]) -> list[Body]:
             # Chat has no place for a thinking block, and its signature is the Anthropic model's own: never sent
             # to another model ("Invalid signature in thinking block").
             named(lost, "thinking_dropped")
-            if block.get("signature"):
+            if block.get("signature") and block.get("signature") != UNSIGNED:
                 named(lost, "thinking_signature_dropped")
         elif kind == "redacted_thinking":
             named(lost, "redacted_thinking_dropped")
@@ -296,100 +282,3 @@ def _tool_choice(choice: Any, out: Body, lost: list[str]) -> None:
         out["tool_choice"] = {"type": "function", "function": {"name": choice.get("name")}}
     if choice.get("disable_parallel_tool_use") and "tools" in out:
         out["parallel_tool_calls"] = False
-
-
-class ChatToMessagesStream(EventTranslator):
-    """Chat chunks as Messages events: message_start at the first chunk, a content block per run of reasoning
-    (thinking), text and each tool call (its arguments as input_json_delta), message_delta and message_stop at the
-    end, with the usage of chat's last chunk (`stream_options.include_usage`)."""
-
-    def __init__(self, owner: MessagesOverChat) -> None:
-        super().__init__()
-        self.owner = owner
-        self.started = self.ended = False
-        self.block: tuple[str, int] | None = None  # the open block: its kind ("thinking", "text", "tool:N")
-        self.index = -1
-        self.reason: tuple[str | None, str | None] = (None, None)
-        self.usage: Body = {"input_tokens": 0, "output_tokens": 0}
-
-    def event(self, event: SseEvent) -> bytes:
-        if event.data.strip() == "[DONE]":
-            return self.end()
-        chunk = event.json()
-        if not isinstance(chunk, dict):
-            return b""
-        if "error" in chunk:
-            message, _ = error_message(event.data.encode())
-            return self.close() + self.error(message)
-        out = b"" if self.started else self.start(chunk)
-        if isinstance(chunk.get("usage"), dict):
-            self.usage = usage(chunk["usage"])
-        for choice in chunk.get("choices") or ():
-            if isinstance(choice, dict) and choice.get("index", 0) == 0:
-                out += self.delta(choice)
-        return out
-
-    def start(self, chunk: Body) -> bytes:
-        self.started = True
-        message = {"id": _message_id(chunk.get("id")), "type": "message", "role": "assistant",
-                   "model": chunk.get("model", ""), "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": 0, "output_tokens": 0}}  # fmt: skip
-        return sse({"type": "message_start", "message": message}, "message_start")
-
-    def delta(self, choice: Body) -> bytes:
-        out = b""
-        delta = choice.get("delta") or {}
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        if isinstance(reasoning, str) and reasoning:
-            out += self.open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
-            out += self.piece({"type": "thinking_delta", "thinking": reasoning})
-        text = delta.get("content")
-        if isinstance(text, str) and text:
-            out += self.open("text", {"type": "text", "text": ""})
-            out += self.piece({"type": "text_delta", "text": text})
-        for call in delta.get("tool_calls") or ():
-            if not isinstance(call, dict):
-                continue
-            function = call.get("function") or {}
-            kind = f"tool:{call.get('index', 0)}"
-            if self.block is None or self.block[0] != kind:
-                out += self.open(kind, {"type": "tool_use", "id": call.get("id") or _tool_id(),
-                                        "name": function.get("name") or "", "input": {}})  # fmt: skip
-            arguments = function.get("arguments")
-            if isinstance(arguments, str) and arguments:
-                out += self.piece({"type": "input_json_delta", "partial_json": arguments})
-        if choice.get("finish_reason") is not None:
-            self.reason = self.owner.stop_reason(choice)
-            out += self.close()
-        return out
-
-    def open(self, kind: str, block: Body) -> bytes:
-        if self.block is not None and self.block[0] == kind:
-            return b""
-        out = self.close()
-        self.index += 1
-        self.block = (kind, self.index)
-        return out + sse({"type": "content_block_start", "index": self.index, "content_block": block},
-                         "content_block_start")  # fmt: skip
-
-    def piece(self, delta: Body) -> bytes:
-        return sse({"type": "content_block_delta", "index": self.index, "delta": delta}, "content_block_delta")
-
-    def close(self) -> bytes:
-        if self.block is None:
-            return b""
-        self.block = None
-        return sse({"type": "content_block_stop", "index": self.index}, "content_block_stop")
-
-    def end(self) -> bytes:
-        if self.ended or not self.started:
-            return b""
-        self.ended = True
-        reason, sequence = self.reason
-        delta = {"type": "message_delta", "delta": {"stop_reason": reason or "end_turn", "stop_sequence": sequence},
-                 "usage": self.usage}  # fmt: skip
-        return self.close() + sse(delta, "message_delta") + sse({"type": "message_stop"}, "message_stop")
-
-    def error(self, message: str) -> bytes:
-        self.ended = True
-        return MESSAGES.stream_error(message)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router._translate.base import SseEvent, SseReader
+from router._translate.base import UNSIGNED, SseEvent, SseReader
 from router._translate.chat_messages import ChatOverMessages
 from router._translate.messages_chat import MessagesOverChat, effort
 from router._translate.registry import Composed, pairs, translation
@@ -123,6 +123,7 @@ def test_a_chat_answer_becomes_a_message_the_anthropic_sdk_reads() -> None:
     message = sdk.message(answer)
     assert lost == []
     assert [block.type for block in message.content] == ["thinking", "text", "tool_use"]
+    assert message.content[0].type == "thinking" and message.content[0].signature == UNSIGNED  # made by no model
     call = message.content[2]
     assert call.type == "tool_use" and (call.id, call.name, call.input) == ("call_9", "weather", {"city": "Oslo"})
     assert message.stop_reason == "tool_use"
@@ -170,6 +171,7 @@ def test_a_chat_stream_becomes_messages_events_the_anthropic_sdk_accumulates(siz
     message = sdk.messages_stream(out)
     assert [block.type for block in message.content] == ["thinking", "text", "tool_use", "tool_use"]
     assert message.content[0].type == "thinking" and message.content[0].thinking == "Need the tool."
+    assert message.content[0].signature == UNSIGNED
     assert message.content[1].type == "text" and message.content[1].text == "Looking it up."
     calls = [(b.id, b.name, b.input) for b in message.content if b.type == "tool_use"]
     assert calls == [("call_9", "weather", {"city": "Oslo"}), ("call_10", "clock", {})]
@@ -222,3 +224,57 @@ def test_the_sse_reader_holds_only_an_unfinished_event() -> None:
     assert list(reader.feed(b"event: a\ndata: 1\n\nevent: b\nda")) == [SseEvent("a", "1")]
     assert list(reader.feed(b"ta: 2\r\n\r\n: keep-alive\n\n")) == [SseEvent("b", "2")]
     assert list(reader.feed(b"data: 3")) == [] and list(reader.flush()) == [SseEvent(None, "3")]
+
+
+def test_a_composed_translation_carries_answers_streams_and_errors_through_chat() -> None:
+    """messages -> chat -> messages: a Messages upstream's answer, stream and error come back through chat."""
+    from tests.router.test_translate_chat_messages import MESSAGE, STREAM
+
+    composed = Composed(MessagesOverChat(), ChatOverMessages())
+    assert (composed.client, composed.upstream, composed.upstream_path) == ("messages", "messages", "/messages")
+    composed.request({**CONVERSATION, "stream": True})
+    answer, lost = composed.answer(MESSAGE)
+    message = sdk.message(answer)
+    assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
+    assert message.stop_reason == "tool_use" and lost == ["thinking_signature_dropped"]
+    stream = composed.stream()
+    out = b"".join(stream.feed(piece) for piece in sdk.pieces(STREAM, 11)) + stream.flush()
+    streamed = sdk.messages_stream(out)
+    assert [b.type for b in streamed.content] == ["thinking", "text", "tool_use"]
+    assert stream.losses == ["thinking_signature_dropped"]
+    error = json.dumps({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}).encode()
+    assert json.loads(composed.error(529, error))["error"] == {"type": "overloaded_error", "message": "busy"}
+    assert sdk.events(stream.error("cut"))[-1][0] == "error"
+
+
+def test_a_pair_not_registered_is_composed_where_both_halves_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    from router._translate import registry
+
+    registry._load()
+    assert translation("completions", "messages") is None  # no completions -> chat half
+    monkeypatch.setitem(registry._PAIRS, ("completions", "chat"), MessagesOverChat)
+    composed = translation("completions", "messages")
+    assert isinstance(composed, Composed) and composed.upstream_path == "/messages"
+    assert ("completions", "messages") in pairs()
+
+
+def test_an_event_stream_tolerates_what_is_not_json() -> None:
+    stream = MessagesOverChat().stream()
+    assert stream.feed(b": keep-alive\n\ndata: not json\n\n") == b""
+    assert stream.flush() == b""  # nothing started: nothing to end
+    assert SseEvent(None, "[DONE]").json() is None
+
+
+def test_the_load_check_knows_every_registered_pair() -> None:
+    """`d3router check` (policies, which imports nothing of the router) decides from `policies.TRANSLATIONS`: it must
+    list exactly the pairs router/_translate registers, or check would refuse a route that works, or pass one that
+    fails at request time."""
+    from policies import TRANSLATIONS, translatable
+    from router._translate import registry
+
+    registry._load()
+    assert set(registry._PAIRS) == TRANSLATIONS
+    assert all(translatable(a, b) == (translation(a, b) is not None) for a in APIS for b in APIS if a != b)
+
+
+APIS = ("chat", "completions", "responses", "messages")

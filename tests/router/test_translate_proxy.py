@@ -19,7 +19,7 @@ import respx
 from d3backend import FakeEngine
 from policies import ConfigError, parse_config
 from router import ProxyApp, create_app
-from router._translate.base import sse
+from router._translate.base import UNSIGNED, sse
 from tests.router import _sdk_shapes as sdk
 
 pytestmark = pytest.mark.anyio
@@ -29,6 +29,8 @@ server: {default_policy: tochat, expose_decisions: true}
 upstreams:
   chatup: {url: http://chat.test/v1, model: qwen, api: chat, api_key_env: CHAT_KEY}
   msgup: {url: http://msg.test/v1, model: claude-x, api: messages, api_key_env: MSG_KEY}
+  ownkey: {url: http://chat.test/v1, model: qwen, api: chat, forward_client_key: true}
+  native: {url: http://msg.test/v1, model: claude-x}
 policies:
   tochat:
     apis: [messages, chat]
@@ -36,6 +38,19 @@ policies:
   tomsg:
     apis: [chat, messages]
     rules: [{name: default, route: msgup}]
+  native:
+    apis: [messages]
+    rules: [{name: default, route: native}]
+  ownkey:
+    apis: [messages]
+    rules: [{name: default, route: ownkey}]
+  guarded:
+    apis: [messages]
+    rules: [{name: default, route: chatup}]
+    answer:
+      read: tool_calls
+      questions: {destructive: {type: noul, instructions: Does a tool call delete files?}}
+      rules: [{name: no-rm, when: destructive > 0.8, block: {status: 403, message: That command was refused.}}]
 """
 TOOLS = [{"name": "weather", "description": "The weather", "input_schema": {"type": "object",
           "properties": {"city": {"type": "string"}}, "required": ["city"]}}]  # fmt: skip
@@ -48,14 +63,23 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
 
 
 def chat_upstream(request: httpx.Request) -> httpx.Response:
+    """A chat-only fake: what it is sent is checked by the openai SDK's request types."""
     seen.append(request)
     body = json.loads(request.content)
+    sdk.chat_request(body)
+    if body["messages"][-1]["content"] == "garbage":
+        return httpx.Response(200, content=b"<html>oops</html>", headers={"content-type": "text/html"})
     if body["messages"][-1]["content"] == "fail":
         return httpx.Response(429, json={"error": {"message": "slow down", "type": "rate_limit"}})
     asks_tool = body["messages"][-1]["role"] == "user" and "tools" in body
+    command = '{"command": "rm -rf /"}' if body["messages"][-1]["content"] == "clean up" else None
     if body.get("stream"):
         chunks = [_chunk({"role": "assistant", "content": ""})]
-        if asks_tool:
+        if command:
+            chunks += [_chunk({"tool_calls": [{"index": 0, "id": "call_2", "type": "function",
+                                               "function": {"name": "Bash", "arguments": command}}]}),
+                       _chunk({}, "tool_calls")]  # fmt: skip
+        elif asks_tool:
             chunks += [_chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
                                                "function": {"name": "weather", "arguments": '{"ci'}}]}),
                        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}),
@@ -66,13 +90,14 @@ def chat_upstream(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sdk.chunks_of(*chunks))
     message: dict[str, Any] = {"role": "assistant", "content": "Rainy in Oslo."}
     finish = "stop"
-    if asks_tool:
+    if asks_tool or command:
+        call = (
+            {"name": "Bash", "arguments": command} if command else {"name": "weather", "arguments": '{"city": "Oslo"}'}
+        )
         message = {
             "role": "assistant",
             "content": None,
-            "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
-            ],
+            "tool_calls": [{"id": "call_1", "type": "function", "function": call}],
         }
         finish = "tool_calls"
     return httpx.Response(
@@ -94,12 +119,14 @@ MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "model": "clau
 
 
 def messages_upstream(request: httpx.Request) -> httpx.Response:
+    """A Messages-only fake: what it is sent is checked by the anthropic SDK's request types."""
     seen.append(request)
     body = json.loads(request.content)
-    if body["messages"][-1]["content"][0]["text"] == "fail":
+    sdk.messages_request(body)  # raises (a 500 here, a failed test there) on a body the SDK would not send
+    if json.dumps(body["messages"][-1]["content"]) in ('"fail"', '[{"type": "text", "text": "fail"}]'):
         return httpx.Response(529, json={"type": "error", "error": {"type": "overloaded_error", "message": "busy"}})
     if body.get("stream"):
-        events = [{"type": "message_start", "message": {**MESSAGE, "content": [], "stop_reason": None}},
+        events: list[dict[str, Any]] = [{"type": "message_start", "message": {**MESSAGE, "content": [], "stop_reason": None}},
                   {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
                   {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi!"}},
                   {"type": "content_block_stop", "index": 0},
@@ -111,13 +138,17 @@ def messages_upstream(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, json=MESSAGE)
 
 
+def verdicts(state: Any, questions: Any) -> dict[str, Any]:
+    return {"destructive": 0.99 if "rm -rf" in json.dumps(state) else 0.01} if "destructive" in questions else {}
+
+
 @pytest.fixture
 async def app() -> AsyncIterator[ProxyApp]:
     seen.clear()
     with respx.mock(assert_all_called=False) as mock:
         mock.route(host="chat.test").mock(side_effect=chat_upstream)
         mock.route(host="msg.test").mock(side_effect=messages_upstream)
-        proxy = create_app(parse_config(CONFIG, "c.yaml"), engine=FakeEngine(lambda state, questions: {}),
+        proxy = create_app(parse_config(CONFIG, "c.yaml"), engine=FakeEngine(verdicts),
                            transport=httpx.AsyncHTTPTransport(), environ={"CHAT_KEY": "sk-chat", "MSG_KEY": "sk-msg"})  # fmt: skip
         yield proxy
         await proxy.aclose()
@@ -134,6 +165,12 @@ async def claude(app: ProxyApp) -> AsyncIterator[anthropic.AsyncAnthropic]:
     """The real `anthropic` SDK against the router in process (the SDK speaks through httpx2)."""
     async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
         yield anthropic.AsyncAnthropic(base_url="http://router", api_key="sk-agent", http_client=client, max_retries=0)
+
+
+@pytest.fixture
+async def gpt(app: ProxyApp) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
+        yield openai.AsyncOpenAI(base_url="http://router/v1", api_key="sk-app", http_client=client, max_retries=0)
 
 
 async def test_the_anthropic_sdk_calls_a_tool_and_reads_the_result_through_a_chat_upstream(
@@ -189,18 +226,16 @@ async def test_losses_are_named_in_a_header_and_counted(app: ProxyApp, http: htt
 
 
 async def test_an_upstream_error_is_raised_by_the_sdk_in_its_own_shape(
-    http: httpx.AsyncClient, claude: anthropic.AsyncAnthropic
+    claude: anthropic.AsyncAnthropic, gpt: openai.AsyncOpenAI
 ) -> None:
     with pytest.raises(anthropic.RateLimitError, match="slow down"):
         await claude.messages.create(model="tochat", max_tokens=9, messages=[{"role": "user", "content": "fail"}])
-    gpt = openai.AsyncOpenAI(api_key="k", base_url="http://router/v1", http_client=http, max_retries=0)
     with pytest.raises(openai.APIStatusError, match="busy") as raised:
         await gpt.chat.completions.create(model="tomsg", messages=[{"role": "user", "content": "fail"}])
     assert raised.value.status_code == 529
 
 
-async def test_the_openai_sdk_through_a_messages_upstream(http: httpx.AsyncClient) -> None:
-    gpt = openai.AsyncOpenAI(api_key="k", base_url="http://router/v1", http_client=http, max_retries=0)
+async def test_the_openai_sdk_through_a_messages_upstream(http: httpx.AsyncClient, gpt: openai.AsyncOpenAI) -> None:
     answer = await gpt.chat.completions.create(model="tomsg", messages=[{"role": "user", "content": "hi"}])
     assert answer.choices[0].message.content == "Hi!" and answer.choices[0].finish_reason == "stop"
     upstream = seen[-1]
@@ -226,3 +261,56 @@ def test_check_refuses_a_route_no_translation_carries() -> None:
     lossy = CONFIG.replace("route: msgup}", "route: msgup, set: {seed: 3}}")
     with pytest.raises(ConfigError, match=r"`set` 'seed' has no equivalent in the Anthropic Messages .* 'msgup'"):
         parse_config(lossy, "c.yaml")
+
+
+async def test_count_tokens_through_a_translated_route_is_the_routers_estimate(
+    claude: anthropic.AsyncAnthropic,
+) -> None:
+    counted = await claude.messages.count_tokens(model="tochat", messages=[{"role": "user", "content": "x" * 40}])
+    assert counted.input_tokens == 10
+    assert seen == []  # a chat upstream has no Messages count endpoint: never asked
+
+
+async def test_an_answer_guard_judges_the_translated_answer(claude: anthropic.AsyncAnthropic) -> None:
+    """The guard reads the answer in the client's API (here Messages' tool_use), whole and streamed: the chat
+    upstream's `rm -rf` call never reaches the client."""
+    asked: Any = [{"role": "user", "content": "clean up"}]
+    with pytest.raises(anthropic.PermissionDeniedError, match=r"That command was refused\."):
+        await claude.messages.create(model="guarded", max_tokens=9, messages=asked)
+    with pytest.raises(anthropic.PermissionDeniedError, match=r"That command was refused\."):
+        async with claude.messages.stream(model="guarded", max_tokens=9, messages=asked) as stream:
+            [event async for event in stream]
+    fine = await claude.messages.create(model="guarded", max_tokens=9, messages=[{"role": "user", "content": "hi"}])
+    assert fine.content[0].type == "text"
+
+
+async def test_an_answer_that_is_not_json_is_a_502_in_the_clients_shape(claude: anthropic.AsyncAnthropic) -> None:
+    with pytest.raises(anthropic.APIStatusError, match="not JSON") as raised:
+        await claude.messages.create(model="tochat", max_tokens=9, messages=[{"role": "user", "content": "garbage"}])
+    assert raised.value.status_code == 502
+
+
+async def test_a_forwarded_client_key_goes_in_the_upstream_apis_header(claude: anthropic.AsyncAnthropic) -> None:
+    await claude.messages.create(model="ownkey", max_tokens=9, messages=[{"role": "user", "content": "hi"}])
+    headers = seen[-1].headers
+    assert headers["authorization"] == "Bearer sk-agent" and "x-api-key" not in headers
+
+
+async def test_thinking_the_router_made_is_never_sent_to_an_anthropic_upstream(
+    claude: anthropic.AsyncAnthropic, http: httpx.AsyncClient
+) -> None:
+    """A turn answered by a chat upstream carries thinking the router made (its signature marks it); a later turn
+    that goes to a Messages upstream natively sends it back: it is left out there, named, and a real one is kept."""
+    first = await claude.messages.create(model="tochat", max_tokens=9, messages=[{"role": "user", "content": "hi"}])
+    made = {"type": "thinking", "thinking": "the chat model's reasoning", "signature": UNSIGNED}
+    real = {"type": "thinking", "thinking": "Claude's own", "signature": "c2ln"}
+    turns = [{"role": "user", "content": "hi"},
+             {"role": "assistant", "content": [made, *(b.model_dump() for b in first.content)]},
+             {"role": "user", "content": "and?"}, {"role": "assistant", "content": [real, {"type": "text", "text": "so"}]},
+             {"role": "user", "content": "more"}]  # fmt: skip
+    response = await http.post("/v1/messages", json={"model": "native", "max_tokens": 9, "messages": turns})
+    assert response.status_code == 200, response.text
+    assert response.headers["x-d3-translation-losses"] == "unsigned_thinking_dropped"
+    sent = json.loads(seen[-1].content)["messages"]
+    assert UNSIGNED.encode() not in seen[-1].content
+    assert sent[3]["content"][0] == real
