@@ -157,16 +157,22 @@ def main() -> None:
                         help="the bench policy (asks three questions), one that reads only facts, or the bench "
                         "policy with an answer guard")  # fmt: skip
     parser.add_argument("--upstream-model", default=None, help="the upstream's `model:` (the route rewrites to it)")
+    parser.add_argument("--upstream-api", default=None, help="the upstream's `api:` (a translated route, issue 30)")
     parser.add_argument("--gc", choices=["settled", "unsettled"], default="settled")
     parser.add_argument("--gen0", type=int, default=gcpauses.GEN0_THRESHOLD, help="with --gc settled")
     parser.add_argument("--auth", choices=["off", "keys", "rate"], default="off", help="client keys, rate limits")
     parser.add_argument("--redis", default=None, help="server.redis (with --auth rate: the limits kept there)")
     args = parser.parse_args()
+    global UPSTREAM_API
+    UPSTREAM_API = args.upstream_api
     if args.transport:
         _http.TRANSPORT = args.transport
     run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server,
               policy=args.policy, model=args.upstream_model, gc_mode=args.gc, gen0=args.gen0, auth=args.auth,
               redis=args.redis))  # fmt: skip
+
+
+UPSTREAM_API: str | None = None  # --upstream-api
 
 
 def bench_config(upstream: str, sessions: str | None = None, policy: str = "questions", model: str | None = None
@@ -178,6 +184,9 @@ def bench_config(upstream: str, sessions: str | None = None, policy: str = "ques
         text += ANSWER_GUARD
     if model is not None:
         text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", model: {json.dumps(model)}', 1)
+    if UPSTREAM_API is not None:  # benchmarks/_translaterows.py: the two APIs a translation carries to it
+        text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", api: {UPSTREAM_API}', 1)
+        text = text.replace("\n  auto:\n", "\n  auto:\n    apis: [chat, messages]\n", 1)
     if sessions is None:
         return text
     if sessions not in ("off", "memory") and not sessions.startswith(("redis://", "rediss://", "unix://")):

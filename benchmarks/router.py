@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks import _keyrows, _peers, _sessionrows
+from benchmarks import _keyrows, _peers, _sessionrows, _translaterows
 from benchmarks._answers import PATHS
 from benchmarks._apirows import GUARDED, REWRITE, REWRITTEN, api_of, body_file, picked, vs_chat, vs_plain
 from benchmarks._report import add_arguments, write
@@ -316,6 +316,7 @@ def main() -> None:
                         for name, spec in chosen]  # fmt: skip
             rows += interleaved(targets + plain_peers, levels, requests, rounds)
         rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
+        rows += _translaterows.rows(proxy, interleaved, upstream, levels, requests // 3 or 10, rounds, extra, args.only)
         extra["streaming"] = streaming(slow, requests // 10 or 10, rounds, peers)
         if args.only and picked(args.only, "answer guard, 2,000-token stream"):  # asked by name only: ~1 min
             from benchmarks import _answerrows  # (it imports this module)
@@ -326,6 +327,7 @@ def main() -> None:
         if not args.no_engine and picked(args.only, "d3router real engine (no cache)"):
             rows += real_engine(work, upstream, levels, engine_requests, rounds, extra)
 
+    extra["translated"] = _translaterows.vs_native(rows)  # reads the rows' first bytes: before `_data` goes
     direct = {row["concurrency"]: row for row in rows if row["target"] == "direct"}
     for row in rows:
         del row["_data"]
@@ -339,11 +341,12 @@ def main() -> None:
     extra["peers"] = _peers.vs_d3router(rows)
     extra["keys"] = _keyrows.vs_auth(rows)
     summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["vs unguarded"], **extra["sessions"],
-               **extra["peers"], **extra["keys"]}  # fmt: skip
+               **extra["peers"], **extra["keys"], **extra["translated"]}  # fmt: skip
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms",
                "max ms", "added p50 ms", "CPU ms/req", "peak RSS MB", "gc 0/1/2", "full gc per 10k", "gc longest ms",
                "rps vs chat", "CPU vs chat", "rps vs not rewritten", "rps vs unguarded"]  # fmt: skip
-    columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN) if any(column in row for row in rows)]
+    columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN, *_translaterows.COLUMNS)
+                if any(column in row for row in rows)]  # fmt: skip
     command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
     command += " --no-engine" * args.no_engine + " --peers" * args.peers
     command += f" --baseline {shlex.quote(str(args.baseline))}" if args.baseline else ""

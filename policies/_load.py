@@ -22,7 +22,7 @@ from policies._expr import compile_condition
 from policies._facts import fact_type_error
 from policies._issues import by_line, from_pydantic, kind_of, locate
 from policies._lexer import ExpressionError
-from policies._params import API_TITLES, param_path
+from policies._params import API_TITLES, param_path, translatable
 from policies._policy import Block, Policy, Route, Rule, SessionSettings, StateSettings
 from policies._schema import (
     ActionSpec,
@@ -275,7 +275,33 @@ class _Compiler:
         )
 
     def params(self, spec: ActionSpec, apis: Sequence[str], path: Path) -> None:
-        """A parameter that one of the policy's APIs has no equivalent for would be dropped: refuse it here."""
+        """A parameter that one of the policy's APIs has no equivalent for would be dropped: refuse it here. So is a
+        route to an upstream of another API (`upstreams.NAME.api`) that no translation carries one of the policy's
+        APIs to, or whose API has no equivalent for a parameter the rule sets (docs/translation.md)."""
+        routes = (spec.route,) if isinstance(spec.route, str) else tuple(spec.route or ())
+        for upstream in routes:
+            settings = self.spec.upstreams.get(upstream)
+            target = settings.api if settings is not None else None
+            if target is None:
+                continue
+            stuck = [api for api in apis if not translatable(api, target)]
+            if stuck:
+                fine = [api for api in apis if api not in stuck]
+                self.issue(
+                    (*path, "route"),
+                    f"upstream {upstream!r} speaks the {API_TITLES[target]} API, and no translation carries the"
+                    f" {' or '.join(API_TITLES[a] for a in stuck)} API to it; limit the policy's `apis`"
+                    + (f", e.g. `apis: [{', '.join(fine)}]`" if fine else "")
+                    + " (docs/translation.md)",
+                )
+            if any(api != target for api in apis):
+                for name in spec.set_:
+                    if param_path(target, name) is None:
+                        self.issue(
+                            (*path, "set", name),
+                            f"`set` {name!r} has no equivalent in the {API_TITLES[target]} API that upstream"
+                            f" {upstream!r} speaks: a translated request would lose it; remove it or route elsewhere",
+                        )
         for name in spec.set_:
             missing = [api for api in apis if param_path(api, name) is None]
             if missing:

@@ -242,6 +242,12 @@ class UpstreamSettings(Strict):
         description="Send the caller's own credential (Authorization, x-api-key) to this upstream, for deployments "
         "where the upstream authenticates callers. Off: the caller's credential never leaves the router.",
     )
+    api: ApiName | None = Field(
+        None,
+        description="The API this upstream speaks (chat, completions, responses, messages). Unset: the client's own "
+        "(no translation). Set: a request of another API is translated to it and its answers back, what cannot be "
+        "carried named in x-d3-translation-losses (docs/translation.md).",
+    )
     tier: int = Field(
         0,
         description="This upstream's strength for policies with `session: {mode: escalate}`: higher is stronger. "

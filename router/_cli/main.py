@@ -163,8 +163,11 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     print(f"{config.file}: valid", file=out)
     print(f"  engine: {where} ({cache})", file=out)
     print(
-        "  upstreams: " + ", ".join(f"{name} ({redact_url(up.url)})" for name, up in config.upstreams.items()), file=out
-    )
+        "  upstreams: "
+        + ", ".join(f"{name} ({redact_url(up.url)}{f', speaks {up.api}' if up.api else ''})"
+                    for name, up in config.upstreams.items()),
+        file=out,
+    )  # fmt: skip
     for name, policy in config.policies.items():
         asked = ", ".join(policy.questions) or "none"
         tests = sum(1 for test in config.tests if test.policy == name)

@@ -61,6 +61,7 @@ from router._faces.lifecycle import Generation
 from router._faces.limits import build_limiter
 from router._faces.parts import build_parts
 from router._faces.request import Decided, available
+from router._faces.translated import carry, unsigned
 from router._observe import logs, tracing
 
 logger = logging.getLogger(__name__)
@@ -228,9 +229,19 @@ class ProxyApp(Endpoints):
                 info.upstream = name
             with tracing.upstream_span(name, index, upstream.url) as attempt:  # one span per attempt
                 payload = api.rewrite(request.raw, request.body, upstream.model, d3.decision.params)
-                response, failure = await self.forwarder.open(
-                    api, upstream, name, "POST", api.upstream_path, request.scope, payload, tags
-                )
+                carried = carry(api, upstream, payload, request.body, request.raw, metrics)  # another API: translated
+                shown: Headers = []
+                if carried is None:
+                    payload, shown = unsigned(api, payload, metrics)  # thinking the router made: never sent on
+                    response, failure = await self.forwarder.open(
+                        api, upstream, name, "POST", api.upstream_path, request.scope, payload, tags
+                    )
+                else:
+                    response, failure = await self.forwarder.open(
+                        carried.upstream_api, upstream, name, "POST", carried.path,
+                        carried.scope(request.scope, upstream), carried.payload,
+                        [*tags, *carried.headers(request.scope["headers"], upstream)],
+                    )  # fmt: skip
                 if response is None:
                     attempt.set_attribute("error.type", str(failure[0]))
                     continue
@@ -243,6 +254,9 @@ class ProxyApp(Endpoints):
                 remember = turn.remember if turn is not None and turn.wants_answer and response.is_success else None
                 try:
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
+                    if carried is not None:  # the answer in the client's API from here on
+                        response, shown = await carried.answer(response, name)
+                    headers += shown
                     broke = f"upstream {name!r} broke off its answer"
                     ending = functools.partial(api.stream_error, broke)  # made only if it breaks off
                     rename = renaming(api.answer_model, request.body.get("model"), upstream.model,

@@ -140,6 +140,8 @@ class Metrics:
         self._answer_verdicts: Counts[tuple[str, str, str]] | None = None  # made with the first answer judged
         self._answer_judgements: Counts[str] | None = None
         self._engine_answers: Counts[str] | None = None
+        self._translation_losses: Counts[tuple[str, str, str]] | None = None  # made with the first loss
+        self.translation_loss_names: set[str] = set()  # its loss label values so far (router/_faces/translated.py)
         self.multiprocess = self._dir is not None
         self.process = ProcessCollector(registry=None)
         self.before_render: list[Callable[[], None]] = []  # what moves values kept aside into the families
@@ -168,6 +170,19 @@ class Metrics:
                 ("policy", "rule", "outcome"),
             )
         return self._answer_verdicts
+
+    @property
+    def translation_losses(self) -> Counts[tuple[str, str, str]]:
+        """What translated requests and answers could not carry (issue 30), by client API, upstream API and loss;
+        shown once something was lost."""
+        if self._translation_losses is None:
+            self._translation_losses = self.counter(
+                "d3router_translation_losses",
+                "What a translated request or answer could not carry (docs/translation.md), by client API, upstream "
+                "API and loss.",
+                ("client", "upstream", "loss"),
+            )
+        return self._translation_losses
 
     @property
     def answer_judgements(self) -> Counts[str]:
