@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from policies import ApiName
+from router._asgi.sse import EventReader
 
 Body = dict[str, Any]
 # The signature of a thinking block the router made from another API's reasoning: no model made it, so the router
@@ -53,23 +54,22 @@ def sse(data: Any, event: str | None = None) -> bytes:
 
 
 class SseReader:
-    """Cuts an event stream's bytes into events as they come: an event that arrives in pieces is held until its
-    blank line (that one event, never the stream)."""
+    """Cuts an event stream's bytes into events as they come, with the router's one event-stream reader
+    (router/_asgi/sse.py): an event that arrives in pieces is held until its blank line (that one event, never the
+    stream)."""
 
     def __init__(self) -> None:
-        self._tail = b""
+        self._reader = EventReader()
 
     def feed(self, chunk: bytes) -> Iterator[SseEvent]:
-        data = (self._tail + chunk).replace(b"\r\n", b"\n")
-        *whole, self._tail = data.split(b"\n\n")
-        for block in whole:
+        for block in self._reader.feed(chunk):
             event = _parse(block)
             if event is not None:
                 yield event
 
     def flush(self) -> Iterator[SseEvent]:
         """An event left without its closing blank line when the stream ended."""
-        tail, self._tail = self._tail, b""
+        tail = self._reader.close()
         event = _parse(tail) if tail.strip() else None
         if event is not None:
             yield event
@@ -78,7 +78,7 @@ class SseReader:
 def _parse(block: bytes) -> SseEvent | None:
     name: str | None = None
     lines: list[str] = []
-    for line in block.decode("utf-8", "replace").split("\n"):
+    for line in block.replace(b"\r\n", b"\n").replace(b"\r", b"\n").decode("utf-8", "replace").split("\n"):
         if not line or line.startswith(":"):
             continue  # a comment (a keep-alive)
         field, _, value = line.partition(":")
