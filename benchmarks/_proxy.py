@@ -41,6 +41,7 @@ from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from benchmarks import _keyrows
+from benchmarks._overlaprows import mix_config, mix_engine
 from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, _http, make_client
 from policies import parse_config
 from router import create_app
@@ -153,7 +154,7 @@ def main() -> None:
     parser.add_argument("--metrics", choices=["prometheus", "old"], default="prometheus")
     parser.add_argument("--sessions", default=None, help="off, memory, or a redis:// URL")
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
-    parser.add_argument("--policy", choices=["questions", "facts", "answer"], default="questions",
+    parser.add_argument("--policy", choices=["questions", "facts", "answer", "mix", "overlap"], default="questions",
                         help="the bench policy (asks three questions), one that reads only facts, or the bench "
                         "policy with an answer guard")  # fmt: skip
     parser.add_argument("--upstream-model", default=None, help="the upstream's `model:` (the route rewrites to it)")
@@ -180,6 +181,8 @@ def bench_config(upstream: str, sessions: str | None = None, policy: str = "ques
     """The bench policy's YAML (`policy` facts: the facts-only one); `sessions` (off, memory or a Redis URL) sets its
     `session:` mode and store; `model` the upstream's `model:`."""
     text = (FACTS_POLICY if policy == "facts" else POLICY).format(upstream=upstream)
+    if policy in ("mix", "overlap"):  # benchmarks/overlap.py (issue 31.4)
+        text = mix_config(upstream, policy == "overlap")
     if policy == "answer":  # every answer judged (issue 27): one question, a cache hit like the request's
         text += ANSWER_GUARD
     if model is not None:
@@ -248,7 +251,7 @@ async def serve(
             pauses.uninstall()
             await client.aclose()
         return
-    engine = engine_for(engine_spec)
+    engine = Counting(mix_engine(engine_spec)) if policy in ("mix", "overlap") else engine_for(engine_spec)
     environ = {**os.environ, SALT_ENV: os.environ.get(SALT_ENV) or BENCH_SALT, **_keyrows.ENVIRON}
     text = _keyrows.with_auth(bench_config(upstream, sessions, policy, model), auth, redis, SALT_ENV)
     config = parse_config(text, "bench.yaml")

@@ -17,7 +17,18 @@ from policies._keys import load_keys
 from policies._lexer import ExpressionError
 from policies._load import Config, build_question, load_config, parse_config
 from policies._params import API_TITLES, APIS, PARAMS, TRANSLATIONS, ApiName, param_path, translatable
-from policies._policy import Action, Block, Decision, Policy, Route, Rule, SessionSettings, StateSettings, Step
+from policies._policy import (
+    Action,
+    Block,
+    Decision,
+    OverlapSettings,
+    Policy,
+    Route,
+    Rule,
+    SessionSettings,
+    StateSettings,
+    Step,
+)
 from policies._reference import reference_markdown
 from policies._schema import (
     CacheSettings,
@@ -63,6 +74,7 @@ __all__ = [
     "Facts",
     "GroupSpec",
     "Issue",
+    "OverlapSettings",
     "Policy",
     "PolicyError",
     "PolicyTest",

@@ -23,7 +23,7 @@ from policies._facts import fact_type_error
 from policies._issues import by_line, from_pydantic, kind_of, locate
 from policies._lexer import ExpressionError
 from policies._params import API_TITLES, param_path, translatable
-from policies._policy import Block, Policy, Route, Rule, SessionSettings, StateSettings
+from policies._policy import Block, OverlapSettings, Policy, Route, Rule, SessionSettings, StateSettings
 from policies._schema import (
     ActionSpec,
     ConfigSpec,
@@ -272,7 +272,24 @@ class _Compiler:
             spec.shadow,
             SessionSettings(spec.session.mode, spec.session.ttl_s),
             guard,
+            self.overlap(spec, (*path, "overlap")),
         )
+
+    def overlap(self, spec: PolicySpec, path: Path) -> OverlapSettings | None:
+        """`overlap:` checked: its route an upstream; `sticky` and `agreeing` read the session, so need one."""
+        overlap = spec.overlap
+        if overlap is None:
+            return None
+        if overlap.route is not None and overlap.route not in self.spec.upstreams:
+            known = ", ".join(map(repr, self.spec.upstreams))
+            self.issue((*path, "route"), f"unknown upstream {overlap.route!r}; expected one of {known}")
+        if overlap.when != "always" and spec.session.mode == "off":
+            self.issue((*path, "when"), f"`when: {overlap.when}` speculates on the session's route, but the policy's "
+                       "session mode is off; use `when: always` or a session mode")  # fmt: skip
+        if not spec.questions:
+            self.issue(path, "the policy asks the engine nothing, so there is no decision to overlap; remove overlap",
+                       warning=True)  # fmt: skip
+        return OverlapSettings(overlap.when, overlap.route, overlap.agreed)
 
     def params(self, spec: ActionSpec, apis: Sequence[str], path: Path) -> None:
         """A parameter that one of the policy's APIs has no equivalent for would be dropped: refuse it here. So is a

@@ -32,6 +32,7 @@ from policies._specs import (
     ExpectSpec,
     NoulCriteria,
     NoulSpec,
+    OverlapSpec,
     QuestionSpec,
     RuleSpec,
     ScoreSpec,
@@ -46,8 +47,8 @@ __all__ = [  # the schema's models, wherever they are written (policies/_specs.p
     "ActionSpec", "AnswerBlockSpec", "AnswerExpectSpec", "AnswerRuleSpec", "AnswerSpec", "AnswerTestSpec",
     "BlockSpec", "CacheSettings", "ChoiceSpec", "ConfigSpec", "DecisionLogSettings", "DecisionsSettings",
     "EmbeddedSettings", "EngineErrorBlockSpec", "EngineErrorSpec", "EngineSettings", "ExpectSpec", "NoulCriteria",
-    "NoulSpec", "PolicySpec", "QuestionSpec", "RemoteSettings", "RuleSpec", "ScoreSpec", "ServerSettings",
-    "SessionServerSettings", "SessionSpec", "StateSpec", "Tags", "TestCaseSpec", "UpstreamSettings",
+    "NoulSpec", "OverlapSpec", "PolicySpec", "QuestionSpec", "RemoteSettings", "RuleSpec", "ScoreSpec",
+    "ServerSettings", "SessionServerSettings", "SessionSpec", "StateSpec", "Tags", "TestCaseSpec", "UpstreamSettings",
 ]  # fmt: skip
 
 
@@ -301,6 +302,11 @@ class PolicySpec(Strict):
     )
     session: SessionSpec = Field(
         SessionSpec(), description="How a conversation's turns are routed: `sticky` (the default), `escalate`, `off`."
+    )
+    overlap: OverlapSpec | None = Field(
+        None,
+        description="Start the upstream request while the engine decides, on the route the decision is expected to "
+        "take (docs/overlap.md); a block or another route cancels it. Unset: the decision comes first.",
     )
     questions: dict[str, QuestionSpec] = Field(
         default_factory=dict,

@@ -324,6 +324,8 @@ class RouterService:
             entry["session_key"] = d3.session_key
             if isinstance(d3.decision.action, Route):
                 entry["upstreams"] = list(d3.decision.action.upstreams)
+        if d3.overlap:  # the speculative upstream request's outcome (issue 31.2)
+            entry["overlap"] = dict(d3.overlap)
         if d3.shadow is not None:
             entry["shadow"] = decision_json(d3.shadow, agrees(d3.decision, d3.shadow))
         settings = config.server.decision_log

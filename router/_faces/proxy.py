@@ -41,6 +41,7 @@ from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drai
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.engines import Environ
 from router._decision.record import D3Decision
+from router._decision.service import After
 from router._errors import (
     BadRequest,
     Blocked,
@@ -59,6 +60,7 @@ from router._faces.forward import Failure, Forwarder, allowed, decided_path, uns
 from router._faces.guarded import relay_judged
 from router._faces.lifecycle import Generation
 from router._faces.limits import build_limiter
+from router._faces.overlap import Overlap
 from router._faces.parts import build_parts
 from router._faces.request import Decided, available
 from router._faces.translated import carry, unsigned
@@ -94,6 +96,7 @@ class ProxyApp(Endpoints):
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
         self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
+        self.overlap = Overlap(self.forwarder, self.sessions, lambda: self.service.metrics)
         self.ready = self.service.engine is None
         self.draining = False  # set on SIGTERM (router._faces.serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
@@ -193,10 +196,21 @@ class ProxyApp(Endpoints):
         caller = request.caller.id
         request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
                                                  caller=caller)  # fmt: skip
+        if policy.overlap is not None:  # the upstream starts while the engine decides (router/_faces/overlap.py)
+            await cancel_on_disconnect(request.receive, lambda: self.overlap.run(request, self._decided))
+            return
+        await self._decided(request, turn.route)
+
+    async def _decided(self, request: Decided, after: After) -> None:
+        """Decide (`after` changes the decision before it is logged), then answer a block or route."""
+        metrics, policy = self.service.metrics, request.policy
+        if policy is None:  # picked by `_decide`
+            raise RuntimeError("a decided request needs its policy")
         try:
             request.d3 = d3 = await self.service.decide(policy, request.body, request.request_id, api=request.api,
-                                                        snapshot=request.snapshot, after=turn.route,
-                                                        caller=caller, caller_facts=request.caller.facts)  # fmt: skip
+                                                        snapshot=request.snapshot, after=after,
+                                                        caller=request.caller.id,
+                                                        caller_facts=request.caller.facts)  # fmt: skip
         except BadRequest as exc:
             metrics.request(policy.name, "-", "invalid", exc.status)
             raise
@@ -211,6 +225,9 @@ class ProxyApp(Endpoints):
                 code=d3.decision.rule if request.debug else None,
                 as_answer=action.as_answer,
             )
+        if request.speculation is not None:  # watched already (`_decide`)
+            await self._route(request, d3, action.upstreams)
+            return
         await cancel_on_disconnect(request.receive, lambda: self._route(request, d3, action.upstreams))
 
     async def _route(self, request: Decided, d3: D3Decision, upstreams: tuple[str, ...]) -> None:
@@ -229,9 +246,13 @@ class ProxyApp(Endpoints):
                 info.upstream = name
             with tracing.upstream_span(name, index, upstream.url) as attempt:  # one span per attempt
                 payload = api.rewrite(request.raw, request.body, upstream.model, d3.decision.params)
-                carried = carry(api, upstream, payload, request.body, request.raw, metrics)  # another API: translated
+                taken = request.speculation.take(name) if index == 0 and request.speculation is not None else None
+                carried = None if taken is not None else carry(api, upstream, payload, request.body, request.raw,
+                                                               metrics)  # another API: translated  # fmt: skip
                 shown: Headers = []
-                if carried is None:
+                if taken is not None:  # the speculative request, started on this route while the engine decided
+                    response, failure = await taken
+                elif carried is None:
                     payload, shown = unsigned(api, payload, metrics)  # thinking the router made: never sent on
                     response, failure = await self.forwarder.open(
                         api, upstream, name, "POST", api.upstream_path, request.scope, payload, tags

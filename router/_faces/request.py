@@ -13,7 +13,7 @@ call chain, as Starlette's `Request` does; the faces' functions take it instead 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -29,6 +29,9 @@ from router._errors import Blocked, ModelNotFound, RequestError, answer
 from router._faces.auth import Caller
 from router._observe.tracing import NO_SPAN, NoSpan, Span
 from router._sessions.session import SessionTurn
+
+if TYPE_CHECKING:
+    from router._faces.overlap import Speculation
 
 
 @dataclass(eq=False, slots=True)
@@ -48,6 +51,7 @@ class Decided:
     turn: SessionTurn | None = None
     request_id: str = ""
     span: Span | NoSpan = NO_SPAN
+    speculation: Speculation | None = None  # its upstream request started before the decision (policy `overlap:`)
 
     @property
     def config(self) -> Config:

@@ -162,6 +162,12 @@ def _client_key(headers: Headers) -> str | None:
     return None
 
 
+def native(api: Api, upstream: UpstreamSettings, payload: bytes) -> bool:
+    """Whether `payload` goes to `upstream` as it is: the upstream speaks the client's API and the payload holds no
+    thinking the router made (which `unsigned` takes out). Overlap speculates only on such a route."""
+    return (upstream.api is None or upstream.api == api.name) and (api.name != "messages" or _MARK not in payload)
+
+
 def carry(
     api: Api, upstream: UpstreamSettings, payload: bytes, body: dict[str, Any], raw: bytes,
     metrics: Metrics,
