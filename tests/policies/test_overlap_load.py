@@ -18,7 +18,9 @@ policies:
 
 
 def test_overlap_is_compiled() -> None:
-    config = parse_config(HEAD.replace("  auto:\n", "  auto:\n    overlap: {when: agreeing, route: large, agreed: 3}\n"))
+    config = parse_config(
+        HEAD.replace("  auto:\n", "  auto:\n    overlap: {when: agreeing, route: large, agreed: 3}\n")
+    )
     assert config.policies["auto"].overlap == OverlapSettings("agreeing", "large", 3)
     assert parse_config(HEAD).policies["auto"].overlap is None
 
@@ -32,10 +34,18 @@ def test_the_expected_decision_carries_the_routes_own_tags() -> None:
 @pytest.mark.parametrize(
     ("overlap", "session", "expected"),
     [
-        ("{route: huge}", "", r"^c\.yaml:\d+:\d+: policies\.auto\.overlap\.route: unknown upstream 'huge'; expected one "
-                              r"of 'small', 'large'$"),
-        ("{when: sticky}", "    session: {mode: off}\n", r"^c\.yaml:\d+:\d+: policies\.auto\.overlap\.when: `when: "
-                                                          r"sticky` speculates on the session's route, but the "),
+        (
+            "{route: huge}",
+            "",
+            r"^c\.yaml:\d+:\d+: policies\.auto\.overlap\.route: unknown upstream 'huge'; expected one "
+            r"of 'small', 'large'$",
+        ),
+        (
+            "{when: sticky}",
+            "    session: {mode: off}\n",
+            r"^c\.yaml:\d+:\d+: policies\.auto\.overlap\.when: `when: "
+            r"sticky` speculates on the session's route, but the ",
+        ),
         ("{when: sometimes}", "", r"policies\.auto\.overlap\.when"),
     ],
 )
