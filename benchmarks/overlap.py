@@ -3,13 +3,15 @@
     python -m benchmarks.overlap [--requests 40] [--concurrency 4] [--engine-ms 40] [--first-ms 300] [--quick]
 
 An upstream whose every answer waits `--first-ms` (a model's time to first token: benchmarks/_upstream.py
-`--first-ms`), and d3router with a fake engine taking `--engine-ms` a decision, no cache (benchmarks/_proxy.py
-`--engine fakeNms`), on the four client APIs (chat, completions, Responses, Messages), plain and streamed. Each
-row: the first body byte's time directly and through the router (p50, p99), and what the router added (p50). With
-the decision made before the upstream is asked (today: no overlap exists yet), the router adds the whole decision,
-about `--engine-ms`; with overlap (issue 31.1), a decision faster than the first token would add ~1-2 ms. The targets
-are loaded in turns (benchmarks/router.py `interleaved`); the proxy has core 1, the upstream and the load
-generator core 0.
+`--first-ms`), and two d3router processes with a fake engine taking `--engine-ms` a decision, no cache, on the same
+policy (benchmarks/_overlaprows.py): one without overlap (`none`: the decision, then the upstream) and one with
+`overlap: {when: always}` (the upstream starts while the engine decides), on the four client APIs (chat,
+completions, Responses, Messages), plain and streamed. Each row: the first body byte's time directly and through
+each router (p50, p99), and what each added (p50). The targets are loaded in turns (benchmarks/router.py
+`interleaved`); the proxies have core 1, the upstream and the load generator core 0. Then a mix (half agreeing, a
+quarter blocked, a quarter routed elsewhere) through both: time to first byte by kind, and from the overlap router's
+/metrics the speculations by outcome and the share of upstream requests it cancelled; the wasted upstream time is
+estimated as a cancelled request holding the upstream for about the decision, an answered one its first token.
 """
 
 from __future__ import annotations
