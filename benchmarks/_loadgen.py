@@ -1,6 +1,6 @@
 """A small HTTP/1.1 load generator on raw asyncio streams, cheap enough not to be the bottleneck.
 
-    python -m benchmarks._loadgen URL --concurrency 8 --requests 3000 [--stream] [--model auto]
+    python -m benchmarks._loadgen URL --concurrency 8 --requests 3000 [--stream] [--model auto] [--header 'N: V']
 
 Each of `concurrency` keep-alive connections sends requests back to back until `requests` have been sent in all,
 then it stops. Prints one JSON object: latencies (ms), time to first body byte for streams, the gaps between
@@ -112,6 +112,7 @@ async def run(
     model: str,
     body: str | None = None,
     leave_early: bool = False,
+    headers: tuple[str, ...] = (),
 ) -> dict[str, object]:
     parts = urlsplit(url)
     body = body or json.dumps(
@@ -123,7 +124,8 @@ async def run(
     )
     request = (
         f"POST {parts.path} HTTP/1.1\r\nhost: {parts.hostname}:{parts.port}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(body.encode())}\r\n\r\n{body}"
+        + "".join(f"{header}\r\n" for header in headers)
+        + f"content-length: {len(body.encode())}\r\n\r\n{body}"
     ).encode()  # fmt: skip
     results: dict[str, list[float]] = {"latency_ms": [], "ttfb_ms": [], "gaps_ms": [], "errors": []}
     budget = [requests]
@@ -147,8 +149,9 @@ if __name__ == "__main__":
     parser.add_argument("--model", default="auto")
     parser.add_argument("--body", help="a file whose bytes are sent instead of a chat request")
     parser.add_argument("--leave-early", action="store_true", help="hang up each stream after its first chunk")
+    parser.add_argument("--header", action="append", default=[], help="a request header, 'name: value'")
     args = parser.parse_args()
     body = open(args.body, encoding="utf-8").read() if args.body else None
     result = asyncio.run(run(args.url, args.concurrency, args.requests, args.stream or args.leave_early, args.model,
-                             body, args.leave_early))  # fmt: skip
+                             body, args.leave_early, tuple(args.header)))  # fmt: skip
     print(json.dumps(result))

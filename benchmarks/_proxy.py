@@ -4,6 +4,7 @@
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
         [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB] [--server uvicorn|granian]
         [--policy questions|facts|answer] [--upstream-model NAME] [--gc settled|unsettled] [--gen0 N]
+        [--auth off|keys|rate] [--redis redis://HOST:PORT/DB]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes 10
@@ -17,7 +18,9 @@ instead of uvicorn + httptools. `--upstream-model NAME` gives the upstream a `mo
 model to it and the answer's back to the client's (issue 26.1; the "model rewritten, ..." rows). `--gc settled`
 (the default) does what `d3router serve` does once started (router/_observe/gcpauses.py `settle()`, `--gen0 N` its
 generation-0 threshold), `unsettled` leaves the collector as CPython sets it; either way the collections and their
-longest pause are recorded, and `GET /_gc` answers them (JSON) since the last `GET /_gc`.
+longest pause are recorded, and `GET /_gc` answers them (JSON) since the last `GET /_gc`. `--auth keys` turns client
+keys on (one key, the load generator's), `rate` adds that key's and its group's rate limits, `--redis URL` sets
+`server.redis` (the limits kept there): benchmarks/_keyrows.py.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from benchmarks import _keyrows
+from benchmarks._overlaprows import mix_config, mix_engine
 from d3backend import CachedEngine, DecisionEngine, FakeEngine, RemoteEngine, _http, make_client
 from policies import parse_config
 from router import create_app
@@ -149,17 +154,26 @@ def main() -> None:
     parser.add_argument("--metrics", choices=["prometheus", "old"], default="prometheus")
     parser.add_argument("--sessions", default=None, help="off, memory, or a redis:// URL")
     parser.add_argument("--server", choices=["uvicorn", "granian"], default="uvicorn")
-    parser.add_argument("--policy", choices=["questions", "facts", "answer"], default="questions",
+    parser.add_argument("--policy", choices=["questions", "facts", "answer", "mix", "overlap"], default="questions",
                         help="the bench policy (asks three questions), one that reads only facts, or the bench "
                         "policy with an answer guard")  # fmt: skip
     parser.add_argument("--upstream-model", default=None, help="the upstream's `model:` (the route rewrites to it)")
+    parser.add_argument("--upstream-api", default=None, help="the upstream's `api:` (a translated route, issue 30)")
     parser.add_argument("--gc", choices=["settled", "unsettled"], default="settled")
     parser.add_argument("--gen0", type=int, default=gcpauses.GEN0_THRESHOLD, help="with --gc settled")
+    parser.add_argument("--auth", choices=["off", "keys", "rate"], default="off", help="client keys, rate limits")
+    parser.add_argument("--redis", default=None, help="server.redis (with --auth rate: the limits kept there)")
     args = parser.parse_args()
+    global UPSTREAM_API
+    UPSTREAM_API = args.upstream_api
     if args.transport:
         _http.TRANSPORT = args.transport
     run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server,
-              policy=args.policy, model=args.upstream_model, gc_mode=args.gc, gen0=args.gen0))  # fmt: skip
+              policy=args.policy, model=args.upstream_model, gc_mode=args.gc, gen0=args.gen0, auth=args.auth,
+              redis=args.redis))  # fmt: skip
+
+
+UPSTREAM_API: str | None = None  # --upstream-api
 
 
 def bench_config(upstream: str, sessions: str | None = None, policy: str = "questions", model: str | None = None
@@ -167,10 +181,15 @@ def bench_config(upstream: str, sessions: str | None = None, policy: str = "ques
     """The bench policy's YAML (`policy` facts: the facts-only one); `sessions` (off, memory or a Redis URL) sets its
     `session:` mode and store; `model` the upstream's `model:`."""
     text = (FACTS_POLICY if policy == "facts" else POLICY).format(upstream=upstream)
+    if policy in ("mix", "overlap"):  # benchmarks/overlap.py (issue 31.4)
+        text = mix_config(upstream, policy == "overlap")
     if policy == "answer":  # every answer judged (issue 27): one question, a cache hit like the request's
         text += ANSWER_GUARD
     if model is not None:
         text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", model: {json.dumps(model)}', 1)
+    if UPSTREAM_API is not None:  # benchmarks/_translaterows.py: the two APIs a translation carries to it
+        text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", api: {UPSTREAM_API}', 1)
+        text = text.replace("\n  auto:\n", "\n  auto:\n    apis: [chat, messages]\n", 1)
     if sessions is None:
         return text
     if sessions not in ("off", "memory") and not sessions.startswith(("redis://", "rediss://", "unix://")):
@@ -215,6 +234,8 @@ async def serve(
     model: str | None = None,
     gc_mode: str = "settled",
     gen0: int = gcpauses.GEN0_THRESHOLD,
+    auth: str = "off",
+    redis: str | None = None,
 ) -> None:
     app: Any
     serve_app = serve_granian if server == "granian" else serve_uvicorn
@@ -230,9 +251,10 @@ async def serve(
             pauses.uninstall()
             await client.aclose()
         return
-    engine = engine_for(engine_spec)
-    environ = {**os.environ, SALT_ENV: os.environ.get(SALT_ENV) or BENCH_SALT}
-    config = parse_config(bench_config(upstream, sessions, policy, model), "bench.yaml")
+    engine = Counting(mix_engine(engine_spec)) if policy in ("mix", "overlap") else engine_for(engine_spec)
+    environ = {**os.environ, SALT_ENV: os.environ.get(SALT_ENV) or BENCH_SALT, **_keyrows.ENVIRON}
+    text = _keyrows.with_auth(bench_config(upstream, sessions, policy, model), auth, redis, SALT_ENV)
+    config = parse_config(text, "bench.yaml")
     app = create_app(config, engine=engine, environ=environ)
     if metrics == "old":
         from benchmarks._old_metrics import Metrics as OldMetrics
@@ -250,7 +272,10 @@ async def serve(
         await engine.aclose()
     counting = engine.engine if isinstance(engine, CachedEngine) else engine
     exposition = app.service.metrics.render()
-    counts = {"engine_calls": counting.calls, "decided_requests": requests_total(exposition)}
+    counts: dict[str, Any] = {"engine_calls": counting.calls, "decided_requests": requests_total(exposition)}
+    if auth != "off":  # which limiter counted (RedisLimiter: in Redis), and what Redis left to this process
+        counts["limiter"] = type(app.limiter).__name__
+        counts["redis_fallbacks"] = requests_total(exposition, "d3router_redis_fallbacks")
     if sessions is not None:  # routed turns by session outcome, and the store calls Redis left to the in-process one
         families = {family.name: family for family in text_string_to_metric_families(exposition)}
         outcomes = families["d3router_sessions"].samples if "d3router_sessions" in families else []

@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks import _peers, _sessionrows
+from benchmarks import _keyrows, _peers, _sessionrows, _translaterows
 from benchmarks._answers import PATHS
 from benchmarks._apirows import GUARDED, REWRITE, REWRITTEN, api_of, body_file, picked, vs_chat, vs_plain
 from benchmarks._report import add_arguments, write
@@ -109,10 +109,11 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def load(
-    url: str, concurrency: int, requests: int, *, stream: bool = False, body: Path | None = None
-) -> dict[str, Any]:
+    url: str, concurrency: int, requests: int, *, stream: bool = False, body: Path | None = None,
+    headers: tuple[str, ...] = (),
+) -> dict[str, Any]:  # fmt: skip
     argv = [*_pin(0), PY, "-m", "benchmarks._loadgen", url, "--concurrency", str(concurrency),
-            "--requests", str(requests)]  # fmt: skip
+            "--requests", str(requests), *(arg for header in headers for arg in ("--header", header))]  # fmt: skip
     if stream:
         argv.append("--stream")
     if body is not None:
@@ -158,6 +159,7 @@ class Target:
     stream: bool = False
     body: Path | None = None
     gc: str | None = None  # the proxy's `GET /_gc` (benchmarks/_proxy.py), for its garbage collection columns
+    headers: tuple[str, ...] = ()  # request headers the load generator sends (benchmarks/_keyrows.py: the key)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -194,7 +196,7 @@ def interleaved(targets: list[Target], levels: tuple[int, ...], requests: int, r
                 before = cpu_seconds(target.pids())
                 gc_window(target.gc)  # collections from here on
                 result = load(target.url, concurrency, max(requests // rounds, 1), stream=target.stream,
-                              body=target.body)  # fmt: skip
+                              body=target.body, headers=target.headers)  # fmt: skip
                 into = merged[target.name]
                 into["cpu_s"] += cpu_seconds(target.pids()) - before
                 collected = gc_window(target.gc)
@@ -289,6 +291,7 @@ def main() -> None:
             ("d3router fake engine 10 ms", ["router", "--engine", "fake10ms"]),
             (f"{GUARDED}d3router cache hit", ["router", "--engine", "cache", "--policy", "answer"]),
             (FACTS_ROW, ["router", "--engine", "fake10ms", "--policy", "facts"]),  # an engine call would show
+            *((name, _keyrows.spec(name)) for name in _keyrows.ROWS),
         ]
         if args.baseline is not None:  # the same rows, served by the other tree's code
             proxies += [(f"baseline tree: {name}", ["router", "--engine", "cache"])
@@ -298,6 +301,7 @@ def main() -> None:
             for name, spec in proxies
             if picked(args.only, name)
             or _sessionrows.base(args.only, name)
+            or _keyrows.base(args.only, name)
             or (name == "d3router cache hit" and picked(args.only, f"{name}, gc unsettled"))
         ]  # the unsettled row comes with the settled one it is set against
         with ExitStack() as stack:
@@ -307,16 +311,23 @@ def main() -> None:
             targets += [proxy(stack, name, _sessionrows.with_redis(spec, redis), upstream, extra,
                               env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)} if "multi-process" in name else None,
                               api=api_of(name), body=_sessionrows.body(name),
-                              cwd=args.baseline if name.startswith("baseline tree: ") else None)
+                              cwd=args.baseline if name.startswith("baseline tree: ") else None,
+                              headers=_keyrows.headers(name))
                         for name, spec in chosen]  # fmt: skip
             rows += interleaved(targets + plain_peers, levels, requests, rounds)
         rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
+        rows += _translaterows.rows(proxy, interleaved, upstream, levels, requests // 3 or 10, rounds, extra, args.only)
         extra["streaming"] = streaming(slow, requests // 10 or 10, rounds, peers)
+        if args.only and picked(args.only, "answer guard, 2,000-token stream"):  # asked by name only: ~1 min
+            from benchmarks import _answerrows  # (it imports this module)
+
+            extra["answer stream"] = _answerrows.rows(requests=2 if args.quick else 8, rounds=rounds)
         if any(picked(args.only, f"d3router serve, remote engine, {n}") for n in ("1 worker", "2 workers")):
             rows += workers(work, upstream, levels, requests, rounds)
         if not args.no_engine and picked(args.only, "d3router real engine (no cache)"):
             rows += real_engine(work, upstream, levels, engine_requests, rounds, extra)
 
+    extra["translated"] = _translaterows.vs_native(rows)  # reads the rows' first bytes: before `_data` goes
     direct = {row["concurrency"]: row for row in rows if row["target"] == "direct"}
     for row in rows:
         del row["_data"]
@@ -328,12 +339,14 @@ def main() -> None:
     extra["vs unguarded"] = vs_plain(rows, GUARDED, "unguarded")
     extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"])
     extra["peers"] = _peers.vs_d3router(rows)
+    extra["keys"] = _keyrows.vs_auth(rows)
     summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["vs unguarded"], **extra["sessions"],
-               **extra["peers"]}  # fmt: skip
+               **extra["peers"], **extra["keys"], **extra["translated"]}  # fmt: skip
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms",
                "max ms", "added p50 ms", "CPU ms/req", "peak RSS MB", "gc 0/1/2", "full gc per 10k", "gc longest ms",
                "rps vs chat", "CPU vs chat", "rps vs not rewritten", "rps vs unguarded"]  # fmt: skip
-    columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN) if any(column in row for row in rows)]
+    columns += [column for column in (_sessionrows.COLUMN, _peers.COLUMN, *_translaterows.COLUMNS)
+                if any(column in row for row in rows)]  # fmt: skip
     command = f"python -m benchmarks.router --rounds {rounds}" + (f" --requests {requests}" if requests != 3000 else "")
     command += " --no-engine" * args.no_engine + " --peers" * args.peers
     command += f" --baseline {shlex.quote(str(args.baseline))}" if args.baseline else ""
@@ -362,6 +375,7 @@ def proxy(
     api: str = "chat",
     body: Path | None = None,
     cwd: Path | None = None,
+    headers: tuple[str, ...] = (),
 ) -> Target:
     """Start one of `benchmarks._proxy`'s proxies on `core`, until `stack` closes; then record its engine calls.
     The target sends `api`'s request (or `body`) to `api`'s endpoint. A router without `--sessions` runs with
@@ -382,8 +396,10 @@ def proxy(
                 extra["engine_calls"][name] = json.loads(line)
 
     proc = stack.enter_context(running())
-    load(url, 8, 200, stream=stream, body=body)  # warm up
-    return Target(name, url, lambda: [proc.pid], stream=stream, body=body, gc=f"http://127.0.0.1:{port}/_gc")
+    load(url, 8, 200, stream=stream, body=body, headers=headers)  # warm up
+    return Target(
+        name, url, lambda: [proc.pid], stream=stream, body=body, gc=f"http://127.0.0.1:{port}/_gc", headers=headers
+    )
 
 
 def peer_targets(stack: ExitStack, peers: _peers.Peers, upstream: str, stream: bool = False) -> list[Target]:

@@ -25,7 +25,7 @@ from d3backend._errors import (
     EngineTimeout,
     EngineUnavailable,
 )
-from d3backend._failover import FailoverEngine, PoolStats
+from d3backend._failover import POOL_MODEL, FailoverEngine, PoolStats
 from d3backend._fake import FakeEngine
 from d3backend._http import make_client, make_transport, outbound_request
 from d3backend._protocol import DecisionEngine
@@ -59,6 +59,7 @@ __all__ = [
     "MAX_QUESTIONS",
     "MAX_SCORE_LEVELS",
     "MIN_SCORE_LEVELS",
+    "POOL_MODEL",
     "PROMPT_CACHE_KEY",
     "Answer",
     "CacheStats",

@@ -16,6 +16,16 @@ cost every request its timeout. A request the engine refused (another 4xx) or an
 sets nothing aside: the next request may be fine. When every engine is set aside, all are tried in order anyway:
 there is nothing better to do. The answer's `Decided.engine` names the engine that answered. Two models'
 probabilities differ: calibrate a policy per engine (docs/engines.md#pools-across-kinds).
+
+`POOL_MODEL`, a context variable, narrows the calls in its context to the engines serving that model (`d3router`'s
+`POST /v1/decisions` naming one engine's model, not the pool's): only they are asked, in order, set aside or not,
+and `model` is that model, so the cache in front keeps their answers apart from the pool's.
+
+    token = POOL_MODEL.set("luna-test")
+    try:
+        decided = await CachedEngine(pool).decide(state, questions)   # the `luna-test` engine's answer, or its error
+    finally:
+        POOL_MODEL.reset(token)
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 from d3backend._errors import EngineError, EngineRateLimited, EngineTimeout, EngineUnavailable
@@ -34,6 +45,7 @@ from d3backend._wire import JSONValue
 logger = logging.getLogger(__name__)
 # The engine's own trouble, which the next request would meet too (a 429 included: retrying adds to its load).
 _OWN_TROUBLE = (EngineUnavailable, EngineTimeout, EngineRateLimited)
+POOL_MODEL: ContextVar[str | None] = ContextVar("d3backend_pool_model", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +104,17 @@ class FailoverEngine(Closing):
     @property
     def model(self) -> str:
         """Every engine's model, in order (`pool(a,b)`): the cache in front keys by it, so a pool's answers are never
-        read as those of one of its engines alone."""
-        names = [str(getattr(member.engine, "model", None) or member.name) for member in self._members]
-        return f"pool({','.join(names)})"
+        read as those of one of its engines alone. Within `POOL_MODEL` naming one of them, that model."""
+        only = POOL_MODEL.get()
+        models = self.models
+        if only is not None and only in models:
+            return only
+        return f"pool({','.join(models)})"
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Each engine's model (its name while the model is not known yet), in order."""
+        return tuple(_model(member) for member in self._members)
 
     @property
     def engines(self) -> tuple[tuple[str, DecisionEngine], ...]:
@@ -116,7 +136,12 @@ class FailoverEngine(Closing):
     ) -> Decided:
         """Ask the first engine not set aside; on an `EngineError`, the next; raise the last error if none answers."""
         now = self._timer()
-        order = [member for member in self._members if member.until <= now] or list(self._members)
+        only = POOL_MODEL.get()
+        narrowed = [member for member in self._members if _model(member) == only] if only is not None else []
+        if narrowed:  # the client named this model: its engines alone, set aside or not
+            order = narrowed
+        else:
+            order = [member for member in self._members if member.until <= now] or list(self._members)
         error: EngineError | None = None
         for member in order:
             try:
@@ -171,3 +196,7 @@ class FailoverEngine(Closing):
             )
         else:
             logger.info("the engine %r could not decide (%s); asking the next", member.name, error)
+
+
+def _model(member: _Member) -> str:
+    return str(getattr(member.engine, "model", None) or member.name)

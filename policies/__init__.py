@@ -16,8 +16,19 @@ from policies._facts import FACTS, Fact, Facts, FactValue
 from policies._keys import load_keys
 from policies._lexer import ExpressionError
 from policies._load import Config, build_question, load_config, parse_config
-from policies._params import API_TITLES, APIS, PARAMS, ApiName, param_path
-from policies._policy import Action, Block, Decision, Policy, Route, Rule, SessionSettings, StateSettings, Step
+from policies._params import API_TITLES, APIS, PARAMS, TRANSLATIONS, ApiName, param_path, translatable
+from policies._policy import (
+    Action,
+    Block,
+    Decision,
+    OverlapSettings,
+    Policy,
+    Route,
+    Rule,
+    SessionSettings,
+    StateSettings,
+    Step,
+)
 from policies._reference import reference_markdown
 from policies._schema import (
     CacheSettings,
@@ -40,6 +51,7 @@ __all__ = [
     "API_TITLES",
     "FACTS",
     "PARAMS",
+    "TRANSLATIONS",
     "Action",
     "AnswerGuard",
     "AnswerVerdict",
@@ -64,6 +76,7 @@ __all__ = [
     "Facts",
     "GroupSpec",
     "Issue",
+    "OverlapSettings",
     "Policy",
     "PolicyError",
     "PolicyTest",
@@ -91,4 +104,5 @@ __all__ = [
     "parse_config",
     "reference_markdown",
     "run_test",
+    "translatable",
 ]

@@ -22,8 +22,8 @@ from policies._expr import compile_condition
 from policies._facts import fact_type_error
 from policies._issues import by_line, from_pydantic, kind_of, locate
 from policies._lexer import ExpressionError
-from policies._params import API_TITLES, param_path
-from policies._policy import Block, Policy, Route, Rule, SessionSettings, StateSettings
+from policies._params import API_TITLES, param_path, translatable
+from policies._policy import Block, OverlapSettings, Policy, Route, Rule, SessionSettings, StateSettings
 from policies._schema import (
     ActionSpec,
     ConfigSpec,
@@ -272,10 +272,53 @@ class _Compiler:
             spec.shadow,
             SessionSettings(spec.session.mode, spec.session.ttl_s),
             guard,
+            self.overlap(spec, (*path, "overlap")),
         )
 
+    def overlap(self, spec: PolicySpec, path: Path) -> OverlapSettings | None:
+        """`overlap:` checked: its route an upstream; `sticky` and `agreeing` read the session, so need one."""
+        overlap = spec.overlap
+        if overlap is None:
+            return None
+        if overlap.route is not None and overlap.route not in self.spec.upstreams:
+            known = ", ".join(map(repr, self.spec.upstreams))
+            self.issue((*path, "route"), f"unknown upstream {overlap.route!r}; expected one of {known}")
+        if overlap.when != "always" and spec.session.mode == "off":
+            self.issue((*path, "when"), f"`when: {overlap.when}` speculates on the session's route, but the policy's "
+                       "session mode is off; use `when: always` or a session mode")  # fmt: skip
+        if not spec.questions:
+            self.issue(path, "the policy asks the engine nothing, so there is no decision to overlap; remove overlap",
+                       warning=True)  # fmt: skip
+        return OverlapSettings(overlap.when, overlap.route, overlap.agreed)
+
     def params(self, spec: ActionSpec, apis: Sequence[str], path: Path) -> None:
-        """A parameter that one of the policy's APIs has no equivalent for would be dropped: refuse it here."""
+        """A parameter that one of the policy's APIs has no equivalent for would be dropped: refuse it here. So is a
+        route to an upstream of another API (`upstreams.NAME.api`) that no translation carries one of the policy's
+        APIs to, or whose API has no equivalent for a parameter the rule sets (docs/translation.md)."""
+        routes = (spec.route,) if isinstance(spec.route, str) else tuple(spec.route or ())
+        for upstream in routes:
+            settings = self.spec.upstreams.get(upstream)
+            target = settings.api if settings is not None else None
+            if target is None:
+                continue
+            stuck = [api for api in apis if not translatable(api, target)]
+            if stuck:
+                fine = [api for api in apis if api not in stuck]
+                self.issue(
+                    (*path, "route"),
+                    f"upstream {upstream!r} speaks the {API_TITLES[target]} API, and no translation carries the"
+                    f" {' or '.join(API_TITLES[a] for a in stuck)} API to it; limit the policy's `apis`"
+                    + (f", e.g. `apis: [{', '.join(fine)}]`" if fine else "")
+                    + " (docs/translation.md)",
+                )
+            if any(api != target for api in apis):
+                for name in spec.set_:
+                    if param_path(target, name) is None:
+                        self.issue(
+                            (*path, "set", name),
+                            f"`set` {name!r} has no equivalent in the {API_TITLES[target]} API that upstream"
+                            f" {upstream!r} speaks: a translated request would lose it; remove it or route elsewhere",
+                        )
         for name in spec.set_:
             missing = [api for api in apis if param_path(api, name) is None]
             if missing:

@@ -85,6 +85,20 @@ PARAMS: dict[str, dict[str, tuple[str, ...] | None]] = {
 STRUCTURAL = frozenset({"model", "messages", "stream", "prompt", "input", "instructions", "system", "suffix"})
 
 
+# The (client, upstream) API pairs router/_translate registers (tests/router/test_translate_messages_chat.py checks
+# the two agree); a pair not listed is composed through chat where both halves are (X -> chat -> Y).
+TRANSLATIONS: frozenset[tuple[str, str]] = frozenset(
+    {("messages", "chat"), ("chat", "messages"), ("responses", "chat"), ("chat", "responses")}
+)
+
+
+def translatable(client: str, upstream: str | None) -> bool:
+    """Whether a request of the `client` API can go to an upstream speaking `upstream` (None: the client's own)."""
+    if upstream is None or client == upstream or (client, upstream) in TRANSLATIONS:
+        return True
+    return (client, "chat") in TRANSLATIONS and ("chat", upstream) in TRANSLATIONS
+
+
 def param_path(api: str, name: str) -> tuple[str, ...] | None:
     """Where `api`'s body takes the parameter `name`, or None when it has no equivalent."""
     spelled = PARAMS.get(name)

@@ -106,6 +106,16 @@ class SessionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class OverlapSettings:
+    """When to start the upstream request before the decision is in (issue 31): `always`, on `sticky` turns only, or
+    on turns whose last `agreed` decisions in the session agreed; `route`: the upstream when no session names one."""
+
+    when: Literal["always", "sticky", "agreeing"] = "always"
+    route: str | None = None
+    agreed: int = 2
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """A compiled policy. `questions` holds only those its rules read: the ones to ask the engine."""
 
@@ -121,6 +131,7 @@ class Policy:
     shadow: str | None = None  # a policy evaluated beside this one, never acted on
     session: SessionSettings = SessionSettings()
     answer: AnswerGuard | None = None  # questions about the upstream's answer (policies/_answer.py)
+    overlap: OverlapSettings | None = None  # the upstream started while the engine decides (router/_faces/overlap.py)
     # The engine calls, in order, whose questions partition `questions`: one for `together`; for `staged`, the
     # questions of the rules up to the first that can route or block, then the rest (see `staging`).
     stages: tuple[Mapping[str, Question], ...] = field(init=False, repr=False, compare=False, default=())
@@ -224,6 +235,15 @@ class Policy:
             tags.update(taken.tags)
             params.update(taken.params)
         return decision._replace(action=Route(upstreams), tags=tags, params=params)
+
+    def expected(self, upstreams: tuple[str, ...] | None = None) -> Decision:
+        """The decision the default rule makes, sent on `upstreams` (the default route's when None): what an overlap
+        speculates on, its tags and `set` as a session's route would carry them (`sent_on`)."""
+        rule = self.rules[-1]
+        if rule.action is None:  # the loader always gives the last rule a route
+            raise EvaluationError(f"policy {self.name!r} has no default route")
+        decision = Decision(self.name, rule.name, rule.action, dict(rule.tags), dict(rule.params), (rule.matched,))
+        return decision if upstreams is None else self.sent_on(decision, upstreams)
 
     def engine_failed(self) -> Decision:
         """The decision when the engine could not answer: `on_engine_error`, marked degraded."""

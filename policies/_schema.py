@@ -32,6 +32,7 @@ from policies._specs import (
     ExpectSpec,
     NoulCriteria,
     NoulSpec,
+    OverlapSpec,
     QuestionSpec,
     RuleSpec,
     ScoreSpec,
@@ -46,8 +47,8 @@ __all__ = [  # the schema's models, wherever they are written (policies/_specs.p
     "ActionSpec", "AnswerBlockSpec", "AnswerExpectSpec", "AnswerRuleSpec", "AnswerSpec", "AnswerTestSpec",
     "BlockSpec", "CacheSettings", "ChoiceSpec", "ConfigSpec", "DecisionLogSettings", "DecisionsSettings",
     "EmbeddedSettings", "EngineErrorBlockSpec", "EngineErrorSpec", "EngineSettings", "ExpectSpec", "NoulCriteria",
-    "NoulSpec", "PolicySpec", "QuestionSpec", "RemoteSettings", "RuleSpec", "ScoreSpec", "ServerSettings",
-    "SessionServerSettings", "SessionSpec", "StateSpec", "Tags", "TestCaseSpec", "UpstreamSettings",
+    "NoulSpec", "OverlapSpec", "PolicySpec", "QuestionSpec", "RemoteSettings", "RuleSpec", "ScoreSpec",
+    "ServerSettings", "SessionServerSettings", "SessionSpec", "StateSpec", "Tags", "TestCaseSpec", "UpstreamSettings",
 ]  # fmt: skip
 
 
@@ -141,6 +142,20 @@ class PoolEngineSettings(Strict):
         description="Seconds this engine is skipped after it failed on its own account (unreachable, 5xx, timeout, "
         "429), so that the next one answers without waiting for it first; 0 never skips it.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_embedded(cls, data: Any) -> Any:
+        # An in-process engine is not a pool's (issue 28): the pool neither starts nor stops it, and a failover to
+        # the process's own vLLM is no failover when the process is what fails. Said plainly, not "extra input".
+        if isinstance(data, dict) and "embedded" in data:
+            raise PydanticCustomError(
+                "pool_embedded",
+                "an embedded engine cannot be one of engine.pool's engines; serve the model with vLLM "
+                "(`vllm serve MODEL`) and name it here as `remote: {urls: [...]}`, or use `engine.embedded` "
+                "alone, without a pool",
+            )
+        return data
 
     @model_validator(mode="after")
     def _one_kind(self) -> PoolEngineSettings:
@@ -249,6 +264,12 @@ class UpstreamSettings(Strict):
         "ask for the usage chunk (`stream_options.include_usage`) is sent asking for it, and the chunk is cut out "
         "before the client. Off: nothing is asked or read (budgets and token limits then count nothing from it).",
     )
+    api: ApiName | None = Field(
+        None,
+        description="The API this upstream speaks (chat, completions, responses, messages). Unset: the client's own "
+        "(no translation). Set: a request of another API is translated to it and its answers back, what cannot be "
+        "carried named in x-d3-translation-losses (docs/translation.md).",
+    )
     tier: int = Field(
         0,
         description="This upstream's strength for policies with `session: {mode: escalate}`: higher is stronger. "
@@ -302,6 +323,11 @@ class PolicySpec(Strict):
     )
     session: SessionSpec = Field(
         SessionSpec(), description="How a conversation's turns are routed: `sticky` (the default), `escalate`, `off`."
+    )
+    overlap: OverlapSpec | None = Field(
+        None,
+        description="Start the upstream request while the engine decides, on the route the decision is expected to "
+        "take (docs/overlap.md); a block or another route cancels it. Unset: the decision comes first.",
     )
     questions: dict[str, QuestionSpec] = Field(
         default_factory=dict,

@@ -245,6 +245,23 @@ class SessionSpec(Strict):
     ttl_s: float = Field(3600.0, gt=0, description="A session is forgotten this long after its last turn.")
 
 
+class OverlapSpec(Strict):
+    """The upstream request started while the engine decides (issue 31), on the route the decision is expected to
+    take; nothing reaches the client before the decision, and a decision that differs cancels it."""
+
+    when: Literal["always", "sticky", "agreeing"] = Field(
+        "always",
+        description="`always`: every decided request. `sticky`: only a session's later turns, on the session's route. "
+        "`agreeing`: only a session's turns whose last `agreed` decisions took the route expected of them.",
+    )
+    route: str | None = Field(
+        None,
+        description="The upstream to start on when the session has no route yet; unset: the policy's default route. "
+        "A session's route always comes first.",
+    )
+    agreed: int = Field(2, ge=1, le=100, description="With `when: agreeing`: how many decisions in a row must agree.")
+
+
 class ExpectSpec(Strict):
     """What a test case checks; only the keys given are checked."""
 

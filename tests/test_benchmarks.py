@@ -41,6 +41,10 @@ def test_decisions_benchmark_runs(tmp_path: Path) -> None:
         "Decisions engine via the router's /v1/decisions (cache off)",
         "/v1/decisions, cache hit",
         "/v1/decisions, engine call (a table engine, cache off)",
+        "a pool, the Decisions engine first, via /v1/decisions (cache off)",
+        "a pool, behind a first engine down (set aside), via /v1/decisions (cache off)",
+        "a pool, behind a first engine failing every call (set_aside_s 0), via /v1/decisions (cache off)",
+        "a pool asked for one engine's model, via /v1/decisions (cache off)",
     ]
 
 
@@ -194,3 +198,18 @@ def test_overlap_benchmark_runs(tmp_path: Path) -> None:
         (api, stream) for stream in (False, True) for api in ("chat", "responses", "messages", "completions")
     ]
     assert all(row["errors"] == 0 and row["requests"] == 8 for row in rows)  # type: ignore[index,union-attr]
+
+
+def test_answer_stream_benchmark_runs(tmp_path: Path) -> None:
+    """`benchmarks/_answerrows.py --quick` (issue 27): a 2,000-token stream through the windowed answer guard and
+    without it, burst and paced, every request answered; the guard's rows judged eight windows."""
+    completed = subprocess.run([sys.executable, "-m", "benchmarks._answerrows", "--quick", "--results", str(tmp_path)],
+                               cwd=REPO, capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    rows = json.loads((tmp_path / "answer-stream.json").read_text())["rows"]
+    assert [(row["pace"].split(",")[0], row["target"].rsplit(", ", 1)[1]) for row in rows] == [
+        ("burst", "unguarded"), ("burst", "answer guard"), ("paced", "unguarded"), ("paced", "answer guard"),
+    ]  # fmt: skip
+    assert all(row["errors"] == 0 and row["requests"] == 2 for row in rows)
+    assert [row["windows"] for row in rows] == [0, 8, 0, 8]
+    assert all(row["total added ms"] > 0 for row in rows if row["windows"])  # each window is a 20 ms engine call

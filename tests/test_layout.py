@@ -18,6 +18,7 @@ ROOMS = (
     "_asgi",  # ASGI plumbing: headers, bodies, relaying
     "_observe",  # metrics, traces, logs
     "_apis",  # one adapter per client API, the decision state they read bodies into, the registry
+    "_translate",  # carrying a request of one API to an upstream of another, and its answers back
     "_decision",  # the decision: service, record, deadline, shadows, engines
     "_sessions",  # sessions and their stores
     "_faces",  # the proxy and the middleware

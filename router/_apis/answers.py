@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from router._asgi import sse
+
 
 @dataclass(frozen=True, slots=True)
 class Call:
@@ -51,16 +53,10 @@ def read_answer(api: str, raw: bytes, *, streamed: bool) -> Answered:
 
 def events(raw: bytes) -> Iterator[dict[str, Any]]:
     """The JSON `data:` of each server-sent event (`[DONE]` and anything not JSON skipped)."""
-    for block in raw.replace(b"\r\n", b"\n").split(b"\n\n"):
-        data = b"\n".join(line[5:].lstrip() for line in block.split(b"\n") if line.startswith(b"data:"))
-        if not data or data == b"[DONE]":
-            continue
-        try:
-            event = json.loads(data)
-        except ValueError:
-            continue
-        if isinstance(event, dict):
-            yield event
+    for event in sse.events(raw):
+        data = sse.json_data(event)
+        if data is not None:
+            yield data
 
 
 def _dicts(value: Any) -> list[dict[str, Any]]:
@@ -254,13 +250,6 @@ class Followed:
     def close_all(self) -> None:
         for key in list(self.open):
             self.close(key)
-
-
-def event_data(block: bytes) -> dict[str, Any] | None:
-    """One server-sent event's JSON data, or None (a comment, `[DONE]`, anything not a JSON object)."""
-    for event in events(block):
-        return event
-    return None
 
 
 def _follow_chat(event: dict[str, Any], seen: Followed) -> None:

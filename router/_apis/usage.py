@@ -19,8 +19,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from router._apis.answers import event_data
 from router._asgi.answer import Watch
+from router._asgi.sse import json_data
 from router._observe.usage import Tokens
 
 _USAGE = b'"usage"'
@@ -125,7 +125,7 @@ class UsageReader:
 
     def event(self, event: bytes) -> bool:
         """Read one stream event holding `"usage"`; False for the usage chunk the router asked for (cut out)."""
-        data = event_data(event)
+        data = json_data(event)
         if data is None:
             return True
         usage_only = self._event(data, self.tokens)
@@ -135,6 +135,16 @@ class UsageReader:
         """The stream's watcher: read-only, unless the router asked for the usage chunk (then it holds each event
         until whole, to cut that one out)."""
         return Watch(_USAGE, self.event, hold=self.asked)
+
+
+def metered(api: str, payload: bytes, body: Mapping[str, Any], count: bool) -> tuple[bytes, UsageReader | None]:
+    """What goes to an upstream that counts usage (`count`), with the reader of its answer's tokens: `payload` asking
+    for the stream's usage chunk if need be (`ask_usage`). Not counting: `payload` as it is, no reader. The proxy's
+    route and the overlap's speculation both send this, byte for byte."""
+    if not count:
+        return payload, None
+    asked = ask_usage(api, payload, body)
+    return (payload, UsageReader(api)) if asked is None else (asked, UsageReader(api, asked=True))
 
 
 def ask_usage(api: str, raw: bytes, body: Mapping[str, Any]) -> bytes | None:
@@ -151,5 +161,10 @@ def ask_usage(api: str, raw: bytes, body: Mapping[str, Any]) -> bytes | None:
         at = raw.find(b"{")
         if at >= 0:
             return raw[: at + 1] + _ASKED + raw[at + 1 :]
-    changed = {**body, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
+    try:  # the bytes sent, not the client's body: they may be rewritten (the upstream's model, a rule's `set`)
+        sent = json.loads(raw)
+    except ValueError:
+        sent = None
+    current = sent if isinstance(sent, dict) else body
+    changed = {**current, "stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
     return json.dumps(changed, ensure_ascii=False, separators=(",", ":")).encode()

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 from router._asgi import decoding
 from router._asgi.headers import Headers
+from router._asgi.sse import EventReader, event_end, event_start
 
 ModelPaths = Sequence[tuple[str, ...]]  # e.g. (("model",), ("message", "model")): the keys leading to the model
 
@@ -73,7 +74,7 @@ class Rename:
     def __init__(self, paths: ModelPaths, model: str) -> None:
         self.paths = wanted(paths)
         self.model = json.dumps(model).encode()
-        self._tail = b""
+        self._events = EventReader()
         # The data line's bytes before the model's value in the last event renamed: a stream's chunks repeat them
         # (chat's id, object and created), so that the next such event is renamed without a scan.
         self._prefix = b""
@@ -90,20 +91,16 @@ class Rename:
     def feed(self, chunk: bytes) -> bytes:
         """The bytes of `chunk` that can go on now: the whole events, renamed; a last event still incomplete is held
         (`flush` gives it back)."""
-        data = self._tail + chunk if self._tail else chunk
-        end = _last_boundary(data)
-        if end < 0:
-            self._tail = data
+        whole = self._events.whole(chunk)
+        if not whole:
             return b""
-        self._tail = data[end:]
-        whole = data[:end] if self._tail else data
         at = whole.find(_MODEL)
         if at < 0:
             return whole
         out: list[bytes] = []
         copied = 0
         while at >= 0:  # each event naming a model, found by bytes.find; the others are never cut out
-            start, stop = _event_start(whole, at), _event_end(whole, at)
+            start, stop = event_start(whole, at), event_end(whole, at)
             event = whole[start:stop]
             renamed = self._event(event)
             if renamed is not event:
@@ -117,8 +114,7 @@ class Rename:
 
     def flush(self) -> bytes:
         """What is held: the stream's last, incomplete event, as it came."""
-        tail, self._tail = self._tail, b""
-        return tail
+        return self._events.close()
 
     def _event(self, event: bytes) -> bytes:
         """`event` with its model renamed, or `event` itself."""
@@ -150,29 +146,23 @@ class Watch:
     looked at. Read-only (`hold=False`), every chunk goes on as it came, at once: only a copy of the stream's last,
     incomplete event is kept to be read once whole. With `hold=True`, `see` also says whether the event goes on
     (False: it is cut out, as if the upstream had never sent it), and a last event still incomplete is held until it
-    is whole (`flush` gives it back), as `Rename` holds one. One per response; the events are cut at their
-    boundaries as `Rename` cuts them (the same helpers, below)."""
+    is whole (`flush` gives it back), as `Rename` holds one. One per response; events are cut by the one reader
+    (router/_asgi/sse.py)."""
 
     def __init__(self, marker: bytes, see: Callable[[bytes], bool], *, hold: bool = False) -> None:
         self.marker, self.see, self.hold = marker, see, hold
-        self._tail = b""
+        self._events = EventReader()
 
     def feed(self, chunk: bytes) -> bytes:
         """What of `chunk` goes on now: all of it (read-only), or its whole events less those `see` drops."""
-        data = self._tail + chunk if self._tail else chunk
-        end = _last_boundary(data)
-        if end < 0:
-            self._tail = data
-            return chunk if not self.hold else b""
-        self._tail = data[end:]
-        whole = data[:end] if self._tail else data
-        at = whole.find(self.marker)
+        whole = self._events.whole(chunk)
+        at = whole.find(self.marker) if whole else -1
         if at < 0:
-            return chunk if not self.hold else whole
+            return whole if self.hold else chunk
         out: list[bytes] = []
         copied = 0
         while at >= 0:
-            start, stop = _event_start(whole, at), _event_end(whole, at)
+            start, stop = event_start(whole, at), event_end(whole, at)
             if not self.see(whole[start:stop]) and self.hold:
                 out += (whole[copied:start],)
                 copied = stop
@@ -184,28 +174,10 @@ class Watch:
 
     def flush(self) -> bytes:
         """The stream ended: its last event without a boundary is read too; held, it is given back (unless dropped)."""
-        tail, self._tail = self._tail, b""
+        tail = self._events.close()
         if tail and self.marker in tail and not self.see(tail) and self.hold:
             return b""
         return tail if self.hold else b""
-
-
-_SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
-
-
-def _last_boundary(data: bytes) -> int:
-    """The end of the last event boundary in `data` (a blank line), or -1."""
-    return max((at + len(sep) for sep in _SEPARATORS if (at := data.rfind(sep)) >= 0), default=-1)
-
-
-def _event_start(data: bytes, at: int) -> int:
-    """Where the event holding `at` starts: after the last boundary before it."""
-    return max((found + len(sep) for sep in _SEPARATORS if (found := data.rfind(sep, 0, at)) >= 0), default=0)
-
-
-def _event_end(data: bytes, at: int) -> int:
-    """Where the event holding `at` ends: after its boundary (`data` ends with one)."""
-    return min((found + len(sep) for sep in _SEPARATORS if (found := data.find(sep, at)) >= 0), default=len(data))
 
 
 def decoded(body: bytes, headers: Headers) -> tuple[bytes, Headers] | None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import zlib
 
+from router._asgi.sse import EventReader, data_of
+
 PEEK_LIMIT = 64 * 1024  # an event stream is read for its response id at most this far (decoded bytes)
 
 
@@ -61,7 +63,7 @@ class FirstResponse:
     def __init__(self, decoder: Decoder) -> None:
         self.decoder = decoder
         self.done = False
-        self._buffer = b""
+        self._reader = EventReader()
         self._seen = 0
 
     def feed(self, chunk: bytes) -> bytes | None:
@@ -73,15 +75,15 @@ class FirstResponse:
             self.done = True
             return None
         self._seen += len(text)
-        self._buffer += text.replace(b"\r\n", b"\n")
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            data = b"\n".join(line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:"))
-            if _carries_response(data):
+        for event in self._reader.feed(text):
+            data = data_of(event)
+            if data is not None and _carries_response(data):
                 self.done = True
+                self._reader.close()
                 return data
         if self._seen > PEEK_LIMIT:
             self.done = True
+            self._reader.close()
         return None
 
 

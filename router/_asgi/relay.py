@@ -15,6 +15,7 @@ from router._asgi.answer import Rename, Watch, resized
 from router._asgi.answer import decoded as decoded_answer
 from router._asgi.decoding import Decoder, FirstResponse, decoded
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers
+from router._asgi.sse import ends_event
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ async def relay(
             # An event cut in two is closed first, so that the error is an event of its own.
             held = b"" if watch is None else watch.flush()
             held = held if rename is None else rename.feed(held) + rename.flush()
-            tail = b"" if last.endswith((b"\n\n", b"\r\n\r\n")) else b"\n\n"
+            tail = b"" if ends_event(last) else b"\n\n"
             await send({"type": "http.response.body", "body": held + tail + ending(), "more_body": False})
             return False
         await response.aclose()  # before the answer ends (see above)

@@ -163,8 +163,11 @@ def _check(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     print(f"{config.file}: valid", file=out)
     print(f"  engine: {where} ({cache})", file=out)
     print(
-        "  upstreams: " + ", ".join(f"{name} ({redact_url(up.url)})" for name, up in config.upstreams.items()), file=out
-    )
+        "  upstreams: "
+        + ", ".join(f"{name} ({redact_url(up.url)}{f', speaks {up.api}' if up.api else ''})"
+                    for name, up in config.upstreams.items()),
+        file=out,
+    )  # fmt: skip
     for name, policy in config.policies.items():
         asked = ", ".join(policy.questions) or "none"
         tests = sum(1 for test in config.tests if test.policy == name)
@@ -223,13 +226,14 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from router._apis.body import parse_json
     from router._apis.registry import detect
     from router._decision.engines import build_engine, start_engine
+    from router._decision.judge import answer_explainer
     from router._decision.service import RouterService
     from router._errors import BadRequest
 
     try:
         raw = sys.stdin.buffer.read() if args.body == "-" else Path(args.body).read_bytes()
         body = parse_json(raw)
-        api = detect(body, args.api)
+        api = detect({key: value for key, value in body.items() if key != "d3_answer"}, args.api)
     except OSError as exc:
         print(f"error: cannot read {args.body}: {exc.strerror or exc}", file=err)
         return EXIT_INVALID
@@ -242,7 +246,9 @@ def _explain(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=os.environ) if needs else None
         try:
             await start_engine(engine)
-            return await RouterService(config, engine).explain(body, api)
+            service = RouterService(config, engine)
+            request, answer = answer_explainer(service, body, api.name)
+            return await service.explain(request, api, answer=answer)
         finally:
             if engine is not None:
                 await engine.aclose()

@@ -46,6 +46,9 @@ class D3Decision:
     # The pool's engine that answered (engine.pool, issue 28.2); engines joined by "+" when a staged walk's calls
     # were answered by two; empty for an engine alone.
     engine: str = ""
+    # Overlap (issue 31, router/_faces/overlap.py): the speculation's outcome (used, blocked, rerouted, changed), the
+    # upstream it started on and the tokens a cancelled one had cost, where the upstream reported them; else empty.
+    overlap: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def action(self) -> str:
@@ -74,6 +77,8 @@ class D3Decision:
             headers.append(("x-d3-answers", format_answers(self.answers)))
         if self.skipped:
             headers.append(("x-d3-skipped", ",".join(self.skipped)))
+        if self.overlap:  # whether the answer is the speculative request's: debug only, as x-d3-upstream (issue 25.4)
+            headers.append(("x-d3-speculative", self.overlap["outcome"]))
         if decision.degraded:
             headers.append(("x-d3-degraded", "engine-error"))
         if self.state.truncated:

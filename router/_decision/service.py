@@ -51,6 +51,9 @@ class Snapshot:
     lenient: bool  # server.unknown_parts == "ignore"
 
 
+Explainer = Callable[[Policy, D3Decision], Awaitable[dict[str, Any]]]
+
+
 class RouterService:
     """Holds the current configuration (swapped whole on reload), the engine and the metrics."""
 
@@ -222,6 +225,10 @@ class RouterService:
         """Cancel what runs in the background (shadow decisions still being asked) and wait for it."""
         await self.shadows.aclose()
 
+    def write_line(self, entry: dict[str, Any]) -> None:
+        """One line of the decision log, as a decision's (an answer guard's judgement: router/_decision/judge.py)."""
+        self._write(entry)
+
     def _write(self, entry: dict[str, Any]) -> None:
         """One line: to the faces' `DecisionLog` (queued, never raising), or to a stream a library caller gave."""
         log = self.decision_log
@@ -273,9 +280,12 @@ class RouterService:
         self.engine_calls[policy.name] += 1
         self.questions_asked[policy.name] += len(questions)
 
-    async def explain(self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None, caller: str = "",
-                      caller_facts: Facts | None = None) -> dict[str, Any]:  # fmt: skip
-        """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides."""
+    async def explain(
+        self, body: Mapping[str, Any], api: Api = CHAT, after: After | None = None, caller: str = "",
+        caller_facts: Facts | None = None, answer: Explainer | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """The dry run of `POST /v1/d3/explain` and `d3router explain`: `BadRequest` (404) when no policy decides.
+        With `answer`, its account of the policy and decision (an answer guard's verdict, issue 27) is `answer`."""
         model = body.get("model")
         policy = policy_for(self.snapshot.config, api, model)
         if policy is None:
@@ -287,6 +297,8 @@ class RouterService:
         payload["api"] = api.name
         payload["questions"] = {qid: question.to_wire() for qid, question in policy.questions.items()}
         payload["ask"] = policy.ask
+        if answer is not None:
+            payload["answer"] = await answer(policy, d3)
         return payload
 
     def write_log(self, entry: dict[str, Any]) -> None:
@@ -319,6 +331,8 @@ class RouterService:
             entry["session_key"] = d3.session_key
             if isinstance(d3.decision.action, Route):
                 entry["upstreams"] = list(d3.decision.action.upstreams)
+        if d3.overlap:  # the speculative upstream request's outcome (issue 31.2)
+            entry["overlap"] = dict(d3.overlap)
         if d3.shadow is not None:
             entry["shadow"] = decision_json(d3.shadow, agrees(d3.decision, d3.shadow))
         settings = config.server.decision_log

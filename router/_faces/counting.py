@@ -7,7 +7,8 @@ A count goes to the upstream the request would be routed to, without any engine 
 request belongs to one (read, never written), else the policy's default route (its last rule). The body goes with
 the model rewritten to the upstream's (no `set`: a count takes no generation parameters) and the upstream's key in
 the API's own header (`x-api-key` for Anthropic's); the answer comes back as the upstream gave it. An upstream
-that cannot count (404, 405 or 501) gets the router's estimate instead, about one token per 4 characters of the
+that cannot count (404, 405 or 501), or that speaks another API (`upstreams.NAME.api`, docs/translation.md), gets
+the router's estimate instead, about one token per 4 characters of the
 request's text, marked `x-d3-estimate: true`. Errors are in the API's own shape.
 """
 
@@ -103,6 +104,9 @@ async def _forward(app: ProxyApp, request: Decided, upstreams: tuple[str, ...]) 
     for index, name in enumerate(upstreams):
         upstream = config.upstreams[name]
         shown = [(b"x-d3-upstream", name.encode("latin-1", "replace"))] if request.debug else []
+        if upstream.api is not None and upstream.api != api.name:  # another API (issue 30): no count of this one
+            await send_json(request.send, 200, api.counted(estimate(api, request.body)), [*shown, *ESTIMATE])
+            return
         payload = api.rewrite(request.raw, request.body, upstream.model, {})
         response, failure = await app.forwarder.open(api, upstream, name, "POST", path, request.scope, payload, [])
         if response is None:

@@ -5,7 +5,9 @@ SDK's `client.decisions.create` calls) and `POST /v1/systemone` (vLLM's, SYSTEMO
     decision = client.decisions.create(model="vllm-sr/d3-mini", input="Fix my SQL", questions=[...])
 
 Both ask the router's engine through `RouterService.ask`: the same cache and single-flight, deadline, trace span
-and metrics as a policy's questions. No policy is involved; `model` must be the engine's model (else 404). The
+and metrics as a policy's questions. No policy is involved; `model` must be the engine's model (else 404); with an
+engine pool, the pool's own name (`pool(a,b)`: failover as for policies) or one of its engines' models (those engines
+alone answer, failing as they fail: the client asked for that model's probabilities). The
 input's images obey `server.media_hosts`, `max_media_bytes` and `max_media_items` (the engine fetches URLs
 itself); an image it may not have is refused (400), never dropped. docs/decisions.md says what maps to what.
 
@@ -29,7 +31,9 @@ from d3backend import (
     MAX_QUESTIONS,
     MAX_SCORE_LEVELS,
     MIN_SCORE_LEVELS,
+    POOL_MODEL,
     PROMPT_CACHE_KEY,
+    CachedEngine,
     Choice,
     Decided,
     EngineError,
@@ -37,6 +41,7 @@ from d3backend import (
     EngineRejected,
     EngineTimeout,
     EngineUnavailable,
+    FailoverEngine,
     JSONValue,
     Noul,
     Question,
@@ -140,14 +145,16 @@ async def serve_decisions(app: Serves, scope: Scope, receive: Receive, send: Sen
     try:
         _, raw = await read_request(scope, receive, service.config.server.max_body_bytes)
         body = _parse(_DecisionsBody, raw)
-        _check_model(service, body.model)
+        only = _check_model(service, body.model)
         questions, values = _questions(body.questions, service.config.engine.max_choice_options)
         turns = [Turn("user", body.input)] if isinstance(body.input, str) else [_turn(item) for item in body.input]
         state = _state(service, turns, "last_user" if isinstance(body.input, str) else "conversation")
         token = PROMPT_CACHE_KEY.set(body.prompt_cache_key)  # for a Decisions engine behind; d3 has no prompt cache
+        narrowed = POOL_MODEL.set(only)
         try:
             decided, refused = await _ask(service, state.state, questions, state.images, ())
         finally:
+            POOL_MODEL.reset(narrowed)
             PROMPT_CACHE_KEY.reset(token)
     except RequestError as exc:
         await _fail(service, send, exc, "decisions")
@@ -167,13 +174,17 @@ async def serve_systemone(app: Serves, scope: Scope, receive: Receive, send: Sen
     try:
         _, raw = await read_request(scope, receive, service.config.server.max_body_bytes)
         body = _parse(_SystemoneBody, raw)
-        _check_model(service, body.model)
+        only = _check_model(service, body.model)
         if body.instructions:
             raise BadRequest("a top-level `instructions` is refused: d3's prompt is fixed", "instructions")
         questions = {qid: _systemone_question(qid, spec, service) for qid, spec in body.questions.items()}
         media = (*(("image", url) for url in body.images), *(("video", url) for url in body.videos))
         checked = _state(service, [Turn("user", "", tuple(media))], "last_user")
-        decided, _ = await _ask(service, body.state, questions, checked.images, checked.videos)
+        narrowed = POOL_MODEL.set(only)
+        try:
+            decided, _ = await _ask(service, body.state, questions, checked.images, checked.videos)
+        finally:
+            POOL_MODEL.reset(narrowed)
     except RequestError as exc:
         await _fail(service, send, exc, "systemone")
         return
@@ -197,10 +208,19 @@ def _parse(model: type[_DecisionsBody] | type[_SystemoneBody], raw: Mapping[str,
         ) from None
 
 
-def _check_model(service: RouterService, model: str) -> None:
+def _check_model(service: RouterService, model: str) -> str | None:
+    """The engine's model (None), or, for an engine pool, one of its engines' models (asked alone: `POOL_MODEL`);
+    else `ModelNotFound`."""
     served = getattr(service.engine, "model", None)
-    if served is not None and model != served:
-        raise ModelNotFound(f"the model {model!r} does not exist; this router's decision engine serves {served!r}")
+    if served is None or model == served:
+        return None
+    engine = service.engine.engine if isinstance(service.engine, CachedEngine) else service.engine
+    if isinstance(engine, FailoverEngine):
+        if model in engine.models:
+            return model
+        served = " or ".join(repr(name) for name in (served, *engine.models))
+        raise ModelNotFound(f"the model {model!r} does not exist; this router's engine pool serves {served}")
+    raise ModelNotFound(f"the model {model!r} does not exist; this router's decision engine serves {served!r}")
 
 
 def _text(content: str | list[_Part] | None) -> tuple[str, tuple[tuple[str, str], ...]]:

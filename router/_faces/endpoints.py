@@ -18,6 +18,7 @@ from router._apis.chat import CHAT, Api
 from router._apis.registry import detect, error_api
 from router._asgi.headers import header
 from router._asgi.messages import send_bytes, send_json
+from router._decision.judge import answer_explainer
 from router._errors import Forbidden, ModelNotFound, RequestError, Unauthorized, answer
 from router._faces.auth import Caller
 from router._faces.lifecycle import Lifecycle
@@ -40,21 +41,24 @@ class Endpoints(Lifecycle):
 
     async def explain(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
         """A dry run for a body of any decided API (`?api=chat|completions|responses|messages`, else guessed from
-        its fields): state, questions, answers and rule trace; no upstream is called. It tells what a guard
-        answers, so it needs a key with `debug` or the admin token (issue 25.4); the session it shows is the
-        caller's own."""
+        its fields): state, questions, answers and rule trace; no upstream is called. With `d3_answer` (an answer's
+        text and tool calls) the policy's answer guard judges that answer too (router/_decision/judge.py `explain`).
+        It tells what a guard answers, so it needs a key with `debug` or the admin token (issue 25.4); the session it
+        shows is the caller's own."""
         try:
             if not caller.debug:
                 raise Forbidden("explain needs a key with `debug` (server.auth) or the admin token in "
                                 "x-d3-admin-token (server.admin_token_env)")  # fmt: skip
-            _, body = await read_request(scope, receive, self.config.server.max_body_bytes)
+            _, given = await read_request(scope, receive, self.config.server.max_body_bytes)
             query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            body = {key: value for key, value in given.items() if key != "d3_answer"}
             api = detect(body, (query.get("api") or [None])[0])
+            body, answer = answer_explainer(self.service, given, api.name)  # `d3_answer`: the answer guard's verdict
             if isinstance(body.get("model"), str) and not caller.may_use(body["model"]):
                 raise ModelNotFound(f"the model {body['model']!r} does not exist or this key may not use it")
             turn = self.sessions.turn(api, scope["headers"], body, self.config, caller=caller.id, dry=True)
             payload = await self.service.explain(body, api, after=turn.route, caller=caller.id,
-                                                 caller_facts=caller.facts)  # fmt: skip
+                                                 caller_facts=caller.facts, answer=answer)  # fmt: skip
         except RequestError as exc:
             await send_failure(send, exc)
             return

@@ -10,26 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
+import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 import httpx
 from starlette.types import Message, Send
 
-from d3backend import EngineError
 from policies import AnswerGuard, AnswerVerdict, Block, Replace
-from router._apis.answers import Answered, Call, read_answer, replacement
+from router._apis.answers import Answered, read_answer, replacement
 from router._asgi.answer import Rename
 from router._asgi.answer import decoded as decoded_answer
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers, encode_headers
 from router._asgi.relay import Reads, UpstreamBroke
+from router._asgi.sse import EventTooLarge
+from router._decision.judge import judge
 from router._decision.record import D3Decision
 from router._decision.service import RouterService
 from router._errors import Blocked, RequestError, UpstreamFailed
 from router._faces.request import Decided
-from router._faces.windows import EventTooLarge, shown_headers, stream_judged
+from router._faces.windows import shown_headers, stream_judged
 
 logger = logging.getLogger(__name__)
 
@@ -123,11 +123,16 @@ async def stream(
     def ended(rule: str | None, outcome: str) -> None:
         service.metrics.answer_verdicts[(d3.policy, rule or "-", outcome)] += 1
 
+    windows = itertools.count()  # windows are cut, and so judged, in order
+
+    def judging(answered: Answered) -> Awaitable[AnswerVerdict]:
+        return judge(service, guard, d3, answered, request_id=request.request_id, caller=request.caller.id,
+                     window=next(windows))  # fmt: skip
+
     model = request.body.get("model")
     outcome = await stream_judged(
-        guard, request.api.name, model if isinstance(model, str) else "",
-        lambda answered: judge(service, guard, d3, answered), chunks, start, send_body, request.api.stream_error,
-        request.debug, ended, on_response,
+        guard, request.api.name, model if isinstance(model, str) else "", judging, chunks, start, send_body,
+        request.api.stream_error, request.debug, ended, on_response,
     )  # fmt: skip
     await send({"type": "http.response.body", "body": b"" if rename is None else rename.flush()})
     return outcome
@@ -141,7 +146,14 @@ async def judged(
     (hop-by-hop, length and coding headers dropped), or a replacement, with the verdict's tags; a block raises
     `Blocked`."""
     streamed = _streamed(headers)
-    verdict = await judge(service, guard, d3, read_answer(request.api.name, raw, streamed=streamed))
+    verdict = await judge(
+        service,
+        guard,
+        d3,
+        read_answer(request.api.name, raw, streamed=streamed),
+        request_id=request.request_id,
+        caller=request.caller.id,
+    )
     tags = shown_headers(verdict, verdict.tags, request.debug)
     action = verdict.action
     outcome = "pass" if action is None else action.kind
@@ -162,54 +174,6 @@ async def judged(
 
 def _streamed(headers: Headers) -> bool:
     return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
-
-
-async def judge(service: RouterService, guard: AnswerGuard, d3: D3Decision, answered: Answered) -> AnswerVerdict:
-    """The guard's verdict on one answer: its questions asked about the answer (and the request's state, with
-    `context`); closed when the engine cannot answer, unless the guard says `on_engine_error: pass`.
-
-    A text longer than `max_chars` is judged in slices of `max_chars` overlapping by up to `overlap_chars`, all at
-    once (nothing is cut unread: a marker at the end of a long answer is read too); the first slice that a rule
-    stops decides, tool calls are judged with the first slice."""
-    if not guard.questions:
-        return guard.evaluate({})
-    verdicts = await asyncio.gather(*(_ask(service, guard, d3, text, answered.calls if first else [])
-                                      for first, text in _slices(answered.text, guard)))  # fmt: skip
-    tags: dict[str, str] = {}
-    for verdict in verdicts:
-        tags.update(verdict.tags)
-        if verdict.action is not None or verdict.degraded:
-            return dataclasses.replace(verdict, tags=tags)
-    return dataclasses.replace(verdicts[-1], tags=tags)
-
-
-def _slices(text: str, guard: AnswerGuard) -> list[tuple[bool, str]]:
-    size = guard.max_chars
-    if len(text) <= size:
-        return [(True, text)]
-    step = size - min(guard.overlap_chars, size // 2)
-    return [(at == 0, text[at : at + size]) for at in range(0, len(text) - size + step, step)]
-
-
-async def _ask(service: RouterService, guard: AnswerGuard, d3: D3Decision, text: str, calls: list[Call]
-               ) -> AnswerVerdict:  # fmt: skip
-    state: dict[str, Any] = {}
-    if guard.context:
-        state["request"] = d3.state.state
-    if guard.read in ("text", "both"):
-        state["answer"] = text
-    if guard.read in ("tool_calls", "both"):
-        state["tool_calls"] = [{"name": call.name, "arguments": call.arguments} for call in calls]
-    service.metrics.answer_judgements[d3.policy] += 1
-    try:
-        decided = await service.ask(state, guard.questions)
-    except (EngineError, TimeoutError) as exc:
-        verdict = guard.engine_failed()
-        outcome = "withheld" if verdict.action is not None else "passed unjudged"
-        logger.warning("policy %r: the engine could not judge an answer (%s); it is %s (answer.on_engine_error)",
-                       d3.policy, str(exc) or type(exc).__name__, outcome)  # fmt: skip
-        return verdict
-    return guard.evaluate(decided.answers)
 
 
 async def _read(response: httpx.Response, limit: int, upstream: str) -> bytes:

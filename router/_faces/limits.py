@@ -8,6 +8,18 @@ allowed when that time is at most `interval * (burst - 1)` ahead of now, and pus
 counts against its key's limit and its group's only when both allow it. With `server.redis`, both limits are read,
 checked and written by one Lua script, in one round trip; Redis slow or down, each replica limits on its own (one
 log line, the store's), and no request fails for it.
+
+The Redis keys carry a hash tag (the part in braces, which alone picks a Redis Cluster slot), so that what one script
+reads and writes lives in one slot, as Redis Cluster requires of a script's keys (else CROSSSLOT):
+
+    d3:rate:{key:K}              a key's limit, the key in no group
+    d3:rate:{group:G}            a group's limit
+    d3:rate:{group:G}:key:K      the limit of a key in group G: in its group's slot, checked with it in one script
+
+Key names cannot hold a brace (policies/_access.py); a group's name may, and then both of its keys still share the tag
+(the tag ends at the first `}`, at the same place in both). The router's client is a plain Redis client: it speaks
+to one Redis Cluster node that holds every slot (tests/router/test_limits.py starts one), not to a cluster of several
+(those answer MOVED; see docs/security.md#rate-limits).
 """
 
 from __future__ import annotations
@@ -47,11 +59,14 @@ return '0'
 
 
 def _limits(caller: Caller) -> list[tuple[str, RateSpec]]:
+    """The limits `caller` counts against, by their Redis keys (one hash tag for all of them: see above)."""
     limits = []
+    group = None if caller.group is None else f"d3:rate:{{group:{caller.group}}}"
     if caller.rate is not None and caller.name is not None:
-        limits.append((f"d3:rate:key:{caller.name}", caller.rate))
-    if caller.group_rate is not None and caller.group is not None:
-        limits.append((f"d3:rate:group:{caller.group}", caller.group_rate))
+        key = f"d3:rate:{{key:{caller.name}}}" if group is None else f"{group}:key:{caller.name}"
+        limits.append((key, caller.rate))
+    if caller.group_rate is not None and group is not None:
+        limits.append((group, caller.group_rate))
     return limits
 
 

@@ -33,7 +33,7 @@ from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import Api
 from router._apis.registry import API_BY_PATH, APIS, error_api
-from router._apis.usage import UsageReader, ask_usage
+from router._apis.usage import UsageReader, metered
 from router._asgi.admission import FULL, Admission
 from router._asgi.answer import renaming
 from router._asgi.decoding import readable_accept_encoding
@@ -42,6 +42,7 @@ from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drai
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.engines import Environ
 from router._decision.record import D3Decision
+from router._decision.service import After
 from router._errors import (
     BadRequest,
     Blocked,
@@ -62,8 +63,10 @@ from router._faces.forward import Failure, Forwarder, allowed, decided_path, uns
 from router._faces.guarded import relay_judged
 from router._faces.lifecycle import Generation
 from router._faces.limits import build_limiter
+from router._faces.overlap import Overlap
 from router._faces.parts import build_parts
 from router._faces.request import Decided, available
+from router._faces.translated import carry, unsigned
 from router._observe import logs, tracing
 from router._observe.usage import Accounting, Spent, cost
 
@@ -99,6 +102,7 @@ class ProxyApp(Endpoints):
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
         self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
         self.accounting = Accounting(self.service.metrics)  # the answers' tokens and cost (issue 29.2-3)
+        self.overlap = Overlap(self.forwarder, self.sessions, lambda: self.service.metrics)
         self.ready = self.service.engine is None
         self.draining = False  # set on SIGTERM (router._faces.serve): /readyz answers 503 so the load balancer moves on
         self._closed = False
@@ -199,22 +203,34 @@ class ProxyApp(Endpoints):
         request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
                                                  caller=caller)  # fmt: skip
         try:  # the caller's budgets, read once: used up, 429; else their share used is the `budget.used` fact
-            used = await self.budgets.check(request.caller)
+            request.budget_used = await self.budgets.check(request.caller)
         except RateLimited:
             metrics.request(policy.name, "-", "budget", 429)
             raise
-        facts = {**request.caller.facts, "budget.used": used}
+        if policy.overlap is not None:  # the upstream starts while the engine decides (router/_faces/overlap.py)
+            await cancel_on_disconnect(request.receive, lambda: self.overlap.run(request, self._decided))
+            return
+        await self._decided(request, turn.route)
+
+    async def _decided(self, request: Decided, after: After) -> None:
+        """Decide (`after` changes the decision before it is logged), then answer a block or route; the decision-log
+        line is written once the answer's usage is known (or the request ended without one)."""
+        metrics, policy = self.service.metrics, request.policy
+        if policy is None:  # picked by `_decide`
+            raise RuntimeError("a decided request needs its policy")
+        facts = {**request.caller.facts, "budget.used": request.budget_used}
         try:
             request.d3 = d3 = await self.service.decide(policy, request.body, request.request_id, api=request.api,
-                                                        snapshot=request.snapshot, after=turn.route,
-                                                        caller=caller, caller_facts=facts, defer_log=True)  # fmt: skip
+                                                        snapshot=request.snapshot, after=after,
+                                                        caller=request.caller.id, caller_facts=facts,
+                                                        defer_log=True)  # fmt: skip
         except BadRequest as exc:
             metrics.request(policy.name, "-", "invalid", exc.status)
             raise
         logs.noted(logs.current(), d3)
         # The decision-log line is written once the answer's usage is known (or the request ended without one).
         entry = (
-            self.service.log_entry(d3, request.request_id, config, caller)
+            self.service.log_entry(d3, request.request_id, request.config, request.caller.id)
             if self.service.decision_log is not None
             else None
         )
@@ -239,6 +255,9 @@ class ProxyApp(Endpoints):
                 code=d3.decision.rule if request.debug else None,
                 as_answer=action.as_answer,
             )
+        if request.speculation is not None:  # watched already (`_decide`)
+            await self._route(request, d3, action.upstreams)
+            return
         await cancel_on_disconnect(request.receive, lambda: self._route(request, d3, action.upstreams))
 
     async def _route(self, request: Decided, d3: D3Decision, upstreams: tuple[str, ...]) -> None:
@@ -257,14 +276,25 @@ class ProxyApp(Endpoints):
                 info.upstream = name
             with tracing.upstream_span(name, index, upstream.url) as attempt:  # one span per attempt
                 payload = api.rewrite(request.raw, request.body, upstream.model, d3.decision.params)
-                reader = None
-                if upstream.count_usage:  # the answer's tokens read on its way (issue 29.2)
-                    asked = ask_usage(api.name, payload, request.body)
-                    reader = UsageReader(api.name, asked=asked is not None)
-                    payload = payload if asked is None else asked
-                response, failure = await self.forwarder.open(
-                    api, upstream, name, "POST", api.upstream_path, request.scope, payload, tags
-                )
+                # The answer's tokens read on its way (issue 29.2): a stream asked for its usage chunk if need be.
+                payload, reader = metered(api.name, payload, request.body, upstream.count_usage)
+                taken = request.speculation.take(name) if index == 0 and request.speculation is not None else None
+                carried = None if taken is not None else carry(api, upstream, payload, request.body, request.raw,
+                                                               metrics)  # another API: translated  # fmt: skip
+                shown: Headers = []
+                if taken is not None:  # the speculative request, started on this route while the engine decided
+                    response, failure = await taken
+                elif carried is None:
+                    payload, shown = unsigned(api, payload, metrics)  # thinking the router made: never sent on
+                    response, failure = await self.forwarder.open(
+                        api, upstream, name, "POST", api.upstream_path, request.scope, payload, tags
+                    )
+                else:
+                    response, failure = await self.forwarder.open(
+                        carried.upstream_api, upstream, name, "POST", carried.path,
+                        carried.scope(request.scope, upstream), carried.payload,
+                        [*tags, *carried.headers(request.scope["headers"], upstream)],
+                    )  # fmt: skip
                 if response is None:
                     attempt.set_attribute("error.type", str(failure[0]))
                     continue
@@ -277,6 +307,9 @@ class ProxyApp(Endpoints):
                 remember = turn.remember if turn is not None and turn.wants_answer and response.is_success else None
                 try:
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
+                    if carried is not None:  # the answer in the client's API from here on
+                        response, shown = await carried.answer(response, name)
+                    headers += shown
                     broke = f"upstream {name!r} broke off its answer"
                     ending = functools.partial(api.stream_error, broke)  # made only if it breaks off
                     rename = renaming(api.answer_model, request.body.get("model"), upstream.model,

@@ -12,9 +12,11 @@ call chain, as Starlette's `Request` does; the faces' functions take it instead 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+import httpx
 from starlette.types import Receive, Scope, Send
 
 from policies import Config, Policy
@@ -27,9 +29,17 @@ from router._decision.record import D3Decision
 from router._decision.service import Snapshot
 from router._errors import Blocked, ModelNotFound, RequestError, answer
 from router._faces.auth import Caller
+from router._faces.forward import Failure
 from router._observe.tracing import NO_SPAN, NoSpan, Span
 from router._observe.usage import Spent
 from router._sessions.session import SessionTurn
+
+
+class Speculation(Protocol):
+    """A speculative upstream request (router/_faces/overlap.py), as the route reads it: its response, when the
+    decision agreed with it and `name` is the route's first upstream."""
+
+    def take(self, name: str) -> Awaitable[tuple[httpx.Response | None, Failure]] | None: ...
 
 
 @dataclass(eq=False, slots=True)
@@ -49,7 +59,9 @@ class Decided:
     turn: SessionTurn | None = None
     request_id: str = ""
     span: Span | NoSpan = NO_SPAN
+    budget_used: float = 0.0  # the share used of the caller's most used budget: the `budget.used` fact
     spent: Spent | None = None  # the answer's tokens and cost, once it was relayed (router/_observe/usage.py)
+    speculation: Speculation | None = None  # its upstream request started before the decision (policy `overlap:`)
 
     @property
     def config(self) -> Config:

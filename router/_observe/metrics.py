@@ -18,7 +18,8 @@ Engine URLs (a remote engine's pool, `RemoteEngine.pool_stats()`): read at each 
 or 429), `d3router_engine_url_ejections_total{url}` and `d3router_engine_url_probes_total{url,result}`. The URLs
 carry no credentials. Each process has its own pool: with several workers, in-flight calls are summed over the live
 workers (`livesum`), health is each worker's own view (`liveall`, one series per `pid`), counters are totals; each
-worker writes its share every second (`follow_engine_pool`), whichever worker answers the scrape.
+worker writes its share every second (`follow_engine_pool`), whichever worker answers the scrape. An engine pool
+(`engine.pool`) shows the URLs of its remote engines so, and its engines' own state (router/_observe/pools.py).
 
 The call sites keep the plain shape they had: `metrics.engine_errors[kind] += 1`,
 `metrics.decision_seconds[policy].observe(s)`, `metrics.cache_entries = n`; `metrics.counter(...)` makes a new
@@ -38,7 +39,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from d3backend import CachedEngine, Decided, DecisionEngine, RemoteEngine, UrlStats
+from d3backend import CachedEngine, Decided, DecisionEngine, FailoverEngine, RemoteEngine
+from router._observe.pools import PoolFamilies
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -133,11 +135,13 @@ class Metrics:
         self._request_series: _Series[tuple[str, str, str, str], Counter] = _Series(
             lambda key: self._requests.labels(*key)
         )
-        self._pool: _Pool | None = None  # made when a remote engine is first shown
+        self._pool: PoolFamilies | None = None  # made when a remote engine or a pool is first shown
         self._log_dropped: Counts[str] | None = None  # made with the first decision log
         self._answer_verdicts: Counts[tuple[str, str, str]] | None = None  # made with the first answer judged
         self._answer_judgements: Counts[str] | None = None
         self._engine_answers: Counts[str] | None = None
+        self._translation_losses: Counts[tuple[str, str, str]] | None = None  # made with the first loss
+        self.translation_loss_names: set[str] = set()  # its loss label values so far (router/_faces/translated.py)
         self.multiprocess = self._dir is not None
         self.process = ProcessCollector(registry=None)
         self.before_render: list[Callable[[], None]] = []  # what moves values kept aside into the families
@@ -166,6 +170,19 @@ class Metrics:
                 ("policy", "rule", "outcome"),
             )
         return self._answer_verdicts
+
+    @property
+    def translation_losses(self) -> Counts[tuple[str, str, str]]:
+        """What translated requests and answers could not carry (issue 30), by client API, upstream API and loss;
+        shown once something was lost."""
+        if self._translation_losses is None:
+            self._translation_losses = self.counter(
+                "d3router_translation_losses",
+                "What a translated request or answer could not carry (docs/translation.md), by client API, upstream "
+                "API and loss.",
+                ("client", "upstream", "loss"),
+            )
+        return self._translation_losses
 
     @property
     def answer_judgements(self) -> Counts[str]:
@@ -234,25 +251,26 @@ class Metrics:
         self._cache_gauge.set(entries)
 
     def engine_pool(self, engine: DecisionEngine | None) -> None:
-        """Take the per-URL state of a remote engine, behind the cache or not, for the next render (no-op for
+        """Take the per-URL state of a remote engine, and of each engine of a pool (its members' failures, whether
+        each is set aside, the URLs of its remote ones), behind the cache or not, for the next render (no-op for
         other engines)."""
         inner = engine.engine if isinstance(engine, CachedEngine) else engine
-        if isinstance(inner, RemoteEngine):
+        if isinstance(inner, RemoteEngine | FailoverEngine):
             if self._pool is None:
-                self._pool = _Pool(self._own)
-            self._pool.update(inner.pool_stats())
+                self._pool = PoolFamilies(self._own)
+            self._pool.update(inner)
 
     def follow_engine_pool(self, engine: DecisionEngine | None, every_s: float = 1.0) -> asyncio.Task[None] | None:
         """With several workers, a task on the running loop that takes the engine's per-URL state every `every_s`
         (the caller cancels it), so that each worker's share is fresh whichever worker answers a scrape; None with
-        one process (the scrape takes it) or without a remote engine."""
+        one process (the scrape takes it) or without a remote engine or a pool."""
         inner = engine.engine if isinstance(engine, CachedEngine) else engine
-        if self._dir is None or not isinstance(inner, RemoteEngine):
+        if self._dir is None or not isinstance(inner, RemoteEngine | FailoverEngine):
             return None
 
-        async def follow(remote: RemoteEngine) -> None:
+        async def follow(followed: RemoteEngine | FailoverEngine) -> None:
             while True:
-                self.engine_pool(remote)
+                self.engine_pool(followed)
                 await asyncio.sleep(every_s)
 
         return asyncio.get_running_loop().create_task(follow(inner))
@@ -275,42 +293,6 @@ class Metrics:
         names = [family.name for family in families]
         names.insert(self._cache_entries_at, "d3router_decision_cache_entries")
         return [merged[name] for name in names if name in merged]
-
-
-class _Pool:
-    """The engine URL families; counters follow the engine's own totals (each scrape adds what grew since)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.in_flight = Gauge("d3router_engine_url_in_flight", "Decision engine calls in flight, by engine URL.",
-                               ("url",), registry=registry, multiprocess_mode="livesum")  # fmt: skip
-        self.healthy = Gauge("d3router_engine_url_healthy",
-                             "1 while the engine URL is in rotation, 0 while it is ejected (awaiting a probe).",
-                             ("url",), registry=registry, multiprocess_mode="liveall")  # fmt: skip
-        self.requests = Counter("d3router_engine_url_requests", "Decision engine calls by engine URL and result.",
-                                ("url", "result"), registry=registry)  # fmt: skip
-        self.ejections = Counter("d3router_engine_url_ejections", "Times an engine URL was taken out of rotation.",
-                                 ("url",), registry=registry)  # fmt: skip
-        self.probes = Counter("d3router_engine_url_probes", "Probes of ejected engine URLs, by engine URL and result.",
-                              ("url", "result"), registry=registry)  # fmt: skip
-        self._seen: dict[tuple[int, tuple[str, ...]], int] = {}
-
-    def update(self, pool: Iterable[UrlStats]) -> None:
-        for url in pool:
-            self.in_flight.labels(url.url).set(url.in_flight)
-            self.healthy.labels(url.url).set(1 if url.healthy else 0)
-            self._grow(self.requests, (url.url, "ok"), url.requests - url.failures - url.in_flight)
-            self._grow(self.requests, (url.url, "error"), url.failures)
-            self._grow(self.ejections, (url.url,), url.ejections)
-            self._grow(self.probes, (url.url, "ok"), url.probes - url.probe_failures)
-            self._grow(self.probes, (url.url, "error"), url.probe_failures)
-
-    def _grow(self, counter: Counter, labels: tuple[str, ...], total: int) -> None:
-        key = (id(counter), labels)
-        child = counter.labels(*labels)  # made at 0, so that a rate() starts from the first scrape
-        grown = total - self._seen.get(key, 0)
-        if grown > 0:
-            child.inc(grown)
-            self._seen[key] = total
 
 
 class _Exposed(Collector):

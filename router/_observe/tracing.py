@@ -17,6 +17,8 @@ The tree of one request:
     ├── d3.engine                    CLIENT  d3.cache (hit|miss); traceparent sent to the engine
     ├── d3.rules                             d3.rule, d3.action
     └── d3.upstream (each attempt)   CLIENT  d3.upstream, d3.attempt, server.address, http.response.status_code
+        └── d3.answer (each judgement)       d3.policy, d3.answer.rule, d3.answer.outcome, d3.answer.window (a
+            └── d3.engine                    stream's), d3.cache, d3.degraded: an answer guard's (issue 27)
 
 Attributes never hold a prompt, a body or a key; an exception is recorded by its type only (`error.type`), as
 its message may quote the request. Off, each hook costs a call returning one shared no-op object; the hot path

@@ -21,7 +21,7 @@ from typing import Literal
 import yaml
 
 from d3backend import Answer, ChoiceAnswer, NoulAnswer, ScoreAnswer
-from policies import Block, Config, ConfigError, Policy, Route, compile_condition, load_config
+from policies import AnswerGuard, Block, Config, ConfigError, Policy, Route, Rule, compile_condition, load_config
 from router._offline.replay import Label, Outcome
 
 Target = Literal["best-f1", "min-recall", "max-share"]
@@ -49,6 +49,12 @@ class Threshold:
     index: int
     start: int  # the number's span in the rule's `when`
     end: int
+    answer: bool = False  # a rule of the policy's answer guard (issue 27), fitted on answer lines
+
+    @property
+    def lines(self) -> str:
+        """The kind of traffic line (`Outcome.kind`) the threshold is fitted on."""
+        return "answer" if self.answer else "request"
 
     @property
     def text(self) -> str:
@@ -67,15 +73,19 @@ class Point:
     fn: int
 
 
-def find_threshold(config: Config, policy: str, *, rule: str | None = None, condition: str | None = None) -> Threshold:
-    """The comparison to calibrate: `rule`'s only `NAME OP NUMBER`, or the rule holding `condition`."""
+def find_threshold(
+    config: Config, policy: str, *, rule: str | None = None, condition: str | None = None, answer: bool = False
+) -> Threshold:
+    """The comparison to calibrate: `rule`'s only `NAME OP NUMBER`, or the rule holding `condition`; with `answer`,
+    among the rules of the policy's answer guard."""
     if policy not in config.policies:
         raise CalibrationError(f"no policy {policy!r}; expected one of {', '.join(map(repr, config.policies))}")
+    rules = _rules(config.policies[policy], answer)
     wanted = _COMPARISON.fullmatch(condition.strip()) if condition is not None else None
     if condition is not None and wanted is None:
         raise CalibrationError(f"--condition {condition!r} is not a comparison NAME OP NUMBER, e.g. 'jailbreak > 0.9'")
     found: list[Threshold] = []
-    for index, item in enumerate(config.policies[policy].rules):
+    for index, item in enumerate(rules):
         if (rule is not None and item.name != rule) or item.when is None:
             continue
         for count, match in enumerate(_COMPARISON.finditer(item.when)):
@@ -86,12 +96,13 @@ def find_threshold(config: Config, policy: str, *, rule: str | None = None, cond
                 continue
             found.append(
                 Threshold(policy, item.name, index, match["name"], match["op"], float(match["number"]), count,
-                          match.start("number"), match.end("number"))
+                          match.start("number"), match.end("number"), answer)
             )  # fmt: skip
-    names = {item.name for item in config.policies[policy].rules}
+    names = {item.name for item in rules}
+    kind = "answer rule" if answer else "rule"
     if rule is not None and rule not in names:
-        raise CalibrationError(f"policy {policy!r} has no rule {rule!r}; expected one of {', '.join(sorted(names))}")
-    what = f"rule {rule!r}" if rule is not None else f"policy {policy!r}"
+        raise CalibrationError(f"policy {policy!r} has no {kind} {rule!r}; expected one of {', '.join(sorted(names))}")
+    what = f"{kind} {rule!r}" if rule is not None else f"policy {policy!r}" + ("'s answer guard" if answer else "")
     if not found:
         extra = f" matching {condition!r}" if condition is not None else " (NAME OP NUMBER, e.g. jailbreak > 0.9)"
         raise CalibrationError(f"{what} has no comparison{extra} to calibrate")
@@ -121,22 +132,32 @@ def value_of(name: str, answers: Mapping[str, Answer]) -> float | None:
     return answer.probabilities[levels.index(option)] if option in levels else None
 
 
-def _with_threshold(policy: Policy, threshold: Threshold, value: float) -> Policy:
-    rules = list(policy.rules)
+def _rules(policy: Policy, answer: bool) -> tuple[Rule, ...]:
+    if not answer:
+        return policy.rules
+    if policy.answer is None:
+        raise CalibrationError(f"policy {policy.name!r} has no answer guard")
+    return policy.answer.rules
+
+
+def _with_threshold(policy: Policy, threshold: Threshold, value: float) -> Policy | AnswerGuard:
+    """The policy (or its answer guard) with the threshold at `value`: what is walked for each candidate."""
+    walked: Policy | AnswerGuard = policy.answer if threshold.answer and policy.answer is not None else policy
+    rules = list(walked.rules)
     rule = rules[threshold.rule_index]
     if rule.when is None:
         raise CalibrationError(f"rule {rule.name!r} has no condition to calibrate")
     when = rule.when[: threshold.start] + repr(value) + rule.when[threshold.end :]
-    condition, _ = compile_condition(when, policy.questions)
+    condition, _ = compile_condition(when, walked.questions)
     rules[threshold.rule_index] = dataclasses.replace(rule, when=when, condition=condition)
-    return dataclasses.replace(policy, rules=tuple(rules))
+    return dataclasses.replace(walked, rules=tuple(rules))
 
 
-def positive(label: Label, policy: Policy, rule: str) -> bool:
+def positive(label: Label, policy: Policy, rule: str, answer: bool = False) -> bool:
     """Whether `label` says the line belongs to `rule` (by name, or by where the rule sends it)."""
     if label.kind == "rule":
         return label.value == rule
-    action = next(item.action for item in policy.rules if item.name == rule)
+    action = next(item.action for item in _rules(policy, answer) if item.name == rule)
     if label.kind == "block":
         return isinstance(action, Block)
     return isinstance(action, Route) and action.upstreams[0] == label.value
@@ -145,7 +166,8 @@ def positive(label: Label, policy: Policy, rule: str) -> bool:
 def curve(config: Config, threshold: Threshold, outcomes: Sequence[Outcome]) -> list[Point]:
     """Precision, recall, F1 and share at every threshold that changes a decision, plus the current one."""
     policy = config.policies[threshold.policy]
-    lines = [o for o in outcomes if o.policy == threshold.policy and o.answers is not None and o.error is None]
+    lines = [o for o in outcomes if o.policy == threshold.policy and o.kind == threshold.lines
+             and o.answers is not None and o.error is None]  # fmt: skip
     values = sorted({v for o in lines if o.answers and (v := value_of(threshold.name, o.answers)) is not None})
     candidates = {threshold.value}
     if values:
@@ -161,7 +183,7 @@ def curve(config: Config, threshold: Threshold, outcomes: Sequence[Outcome]) -> 
             label = outcome.line.label
             if label is None:
                 continue
-            truth = positive(label, policy, threshold.rule)
+            truth = positive(label, policy, threshold.rule, threshold.answer)
             tp += fires and truth
             fp += fires and not truth
             fn += truth and not fires
@@ -216,7 +238,8 @@ def write_threshold(config: Config, threshold: Threshold, value: float, out: str
 
 def _when_span(root: yaml.Node | None, threshold: Threshold) -> tuple[int, int] | None:
     node = root
-    for key in ("policies", threshold.policy, "rules", threshold.rule_index, "when"):
+    path = ("answer", "rules") if threshold.answer else ("rules",)
+    for key in ("policies", threshold.policy, *path, threshold.rule_index, "when"):
         if isinstance(node, yaml.MappingNode):
             node = next((v for k, v in node.value if k.value == key), None)
         elif isinstance(node, yaml.SequenceNode) and isinstance(key, int) and key < len(node.value):

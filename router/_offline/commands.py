@@ -2,12 +2,15 @@
 
 d3router replay CONFIG TRAFFIC.jsonl [--against OTHER] [--json] [--html OUT] [--min-accuracy X] [--max-changed N]
 d3router calibrate CONFIG TRAFFIC.jsonl --rule R | --condition 'jailbreak > 0.9' [--min-recall X | --max-share X]
+                   [--engine NAME]        (an engine of engine.pool alone: calibrate per engine, issue 28)
+                   [--answer]             (a rule of the answer guard, fitted on answer log lines)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from d3backend import CachedEngine, DecisionEngine, EmbeddedEngine, EngineError
-from policies import Config, ConfigError, load_config
+from policies import Config, ConfigError, EngineSettings, load_config
 from router._decision.engines import build_engine
 from router._offline.calibrate import CalibrationError, Point, Threshold, curve, find_threshold, pick
 from router._offline.calibrate import write_threshold as write_copy
@@ -41,12 +44,15 @@ def add_parsers(commands: Any) -> None:
     _common(cal)
     cal.add_argument("--rule", help="the rule whose `NAME OP NUMBER` threshold to calibrate")
     cal.add_argument("--condition", help="the comparison to calibrate, e.g. 'jailbreak > 0.9'")
+    cal.add_argument("--answer", action="store_true",
+                     help="a rule of the policy's answer guard, fitted on answer log lines (kind: answer)")  # fmt: skip
     target = cal.add_mutually_exclusive_group()
     target.add_argument("--target", choices=["best-f1"], default="best-f1", help="the best F1 (default)")
     target.add_argument("--min-recall", type=float, metavar="X", help="the best precision with recall >= X")
     target.add_argument("--max-share", type=float, metavar="X", help="the best recall taking at most X of lines")
     cal.add_argument("--write", metavar="OUT", help="write a copy of the configuration with the chosen threshold")
     cal.add_argument("--json", action="store_true", help="print the curve as JSON")
+    cal.add_argument("--engine", metavar="NAME", help="ask only this engine of engine.pool (calibrate per engine)")
     cal.set_defaults(run=calibrate_command)
 
 
@@ -199,6 +205,26 @@ def _auto_calibration(
     return None
 
 
+def one_engine(config: Config, name: str) -> Config:
+    """`config` with the engine `name` of its `engine.pool` as its only engine (the pool's cache settings, the
+    engine's own limits): its answers alone, for a threshold of that engine's (docs/engines.md#pools-across-kinds).
+    `ValueError` naming the pool's engines when none is `name`, or when the engine is no pool."""
+    settings = config.engine
+    if settings.pool is None:
+        raise ValueError(f"--engine {name!r} names an engine of engine.pool, but {config.file} has a {settings.kind} "
+                         "engine alone; leave --engine out")  # fmt: skip
+    names = [member.label for member in settings.pool]
+    member = next((member for member in settings.pool if member.label == name), None)
+    if member is None:
+        raise ValueError(f"--engine {name!r} names no engine of engine.pool in {config.file}; its engines: "
+                         f"{', '.join(names)}")  # fmt: skip
+    alone = EngineSettings(
+        remote=member.remote, decisions=member.decisions, cache=settings.cache,
+        max_choice_options=member.max_choice_options or settings.max_choice_options,
+    )  # fmt: skip
+    return dataclasses.replace(config, engine=alone)
+
+
 def calibrate_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if args.rule is None and args.condition is None:
         print("error: name the threshold with --rule RULE or --condition 'NAME OP NUMBER'", file=err)
@@ -207,12 +233,18 @@ def calibrate_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int
     if prepared is None:
         return EXIT_INVALID
     config, lines, _ = prepared
+    if args.engine is not None:
+        try:
+            config = one_engine(config, args.engine)
+        except ValueError as exc:
+            print(f"error: {exc}", file=err)
+            return EXIT_INVALID
     policy = args.policy or (next(iter(config.policies)) if len(config.policies) == 1 else None)
     if policy is None:
         print(f"error: {config.file} has several policies; name one with --policy", file=err)
         return EXIT_INVALID
     try:
-        threshold = find_threshold(config, policy, rule=args.rule, condition=args.condition)
+        threshold = find_threshold(config, policy, rule=args.rule, condition=args.condition, answer=args.answer)
     except CalibrationError as exc:
         print(f"error: {exc}", file=err)
         return EXIT_INVALID

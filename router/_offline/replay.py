@@ -9,6 +9,9 @@ A traffic file holds one JSON object a line, any of:
     {"request": {...body...}, "expect": {"rule": "hard-code"}}       a body with its label ({"route": "large"},
                                                                      {"block": true})
     {"policy": "auto", "state_from": "last_user", "state": "..."}    a decision log line (`decision_log.states`)
+    {"kind": "answer", "policy": "auto", "state": {"answer": ...}}   an answer guard's log line, re-judged by the
+                                                                     policy's answer guard (`expect` may label it:
+                                                                     {"rule": NAME}, {"rule": "-"}, {"block": true})
 
 Every line is decided by the router's own `RouterService.decide` (same state extraction, same engine behind the
 same cache); `_decide_line` is the one place that turns a configuration and a body into a decision.
@@ -24,9 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from d3backend import Answer, DecisionEngine
-from policies import Config, EvaluationError, Route
+from policies import Config, EvaluationError, Policy, Route
 from router._apis.registry import detect
 from router._apis.state import MediaRules
+from router._decision.judge import answer_state, ask
 from router._decision.record import D3Decision
 from router._decision.service import RouterService
 from router._errors import BadRequest
@@ -58,6 +62,7 @@ class TrafficLine:
     label: Label | None = None
     policy: str | None = None  # named by a decision log line; otherwise the body's model picks it
     media_missing: int = 0  # images and videos the log counted but did not keep
+    answer: Mapping[str, Any] | None = None  # an answer guard's log line: the state its engine read (issue 27)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +87,13 @@ class Outcome:
     decision_ms: float = 0.0
     error: str | None = None  # the engine failed twice (the decision is then on_engine_error's)
     retried: bool = False
+    kind: Literal["request", "answer"] = "request"  # an answer: `action` is the verdict (pass, block, replace)
 
     @property
     def target(self) -> str:
-        """`large` or `block`: where the decision sends the request."""
+        """`large` or `block`: where the decision sends the request; an answer's verdict (`pass`, `block`...)."""
+        if self.kind == "answer":
+            return self.action
         return self.upstream if self.upstream is not None else "block"
 
 
@@ -152,6 +160,8 @@ def parse_line(number: int, text: str) -> TrafficLine:
         if not isinstance(data["request"], dict):
             raise ValueError("`request` must be a request body (an object with `messages`, `prompt` or `input`)")
         return TrafficLine(number, data["request"], _label(data.get("expect")))
+    if data.get("kind") == "answer":
+        return _answer_line(number, data)
     if "policy" in data and ("state" in data or "state_omitted" in data or "state_from" in data):
         return _log_line(number, data)
     if "messages" in data or "prompt" in data or "input" in data:
@@ -174,6 +184,18 @@ def _label(expect: Any) -> Label | None:
         return Label("block", "block")
     shapes = '{"rule": NAME}, {"route": NAME} or {"block": true}'
     raise ValueError(f"`expect` has {kind!r}: {value!r}; expected {shapes}")
+
+
+def _answer_line(number: int, data: Mapping[str, Any]) -> TrafficLine:
+    """An answer guard's decision log line (router/_decision/judge.py), labelled or not."""
+    policy, state = data.get("policy"), data.get("state")
+    if not isinstance(policy, str):
+        raise ValueError("the answer log line's `policy` must be a string")
+    if "state_omitted" in data and state is None:
+        raise ValueError(f"the answer was not logged ({data['state_omitted']})")
+    if not isinstance(state, dict):
+        raise ValueError("the answer log line has no state to judge again; log with `decision_log.states: true`")
+    return TrafficLine(number, {}, _label(data.get("expect")), policy=policy, answer=state)
 
 
 def _log_line(number: int, data: Mapping[str, Any]) -> TrafficLine:
@@ -207,6 +229,9 @@ def _check(line: TrafficLine, config: Config, fallback: str | None, media: Media
     if name is None:
         return  # reported as passed through, not as malformed
     policy = config.policies[name]
+    if line.answer is not None:
+        _check_answer(line, policy)
+        return
     api = detect(dict(line.body))
     try:
         api.state(line.body, policy.state, media, lenient=config.server.unknown_parts == "ignore")
@@ -221,6 +246,20 @@ def _check(line: TrafficLine, config: Config, fallback: str | None, media: Media
     if label.kind == "route" and label.value not in config.upstreams:
         known = ", ".join(repr(up) for up in config.upstreams)
         raise ValueError(f"the label names upstream {label.value!r}, which the configuration lacks; expected {known}")
+
+
+def _check_answer(line: TrafficLine, policy: Policy) -> None:
+    guard, label = policy.answer, line.label
+    if guard is None:
+        raise ValueError(f"policy {policy.name!r} has no answer guard to judge the answer with")
+    if label is None:
+        return
+    known = {rule.name for rule in guard.rules} | {"-"}
+    if label.kind == "route":
+        raise ValueError('an answer is labelled {"rule": NAME} (`-`: it passes) or {"block": true}, not a route')
+    if label.kind == "rule" and label.value not in known:
+        raise ValueError(f"the label names answer rule {label.value!r}, which policy {policy.name!r} lacks; expected "
+                         f"one of {', '.join(map(repr, sorted(known)))}")  # fmt: skip
 
 
 # --- running ------------------------------------------------------------------------------------------------------
@@ -255,6 +294,8 @@ async def _one(service: RouterService, config: Config, line: TrafficLine, fallba
     name = policy_for(config, line, fallback)
     if name is None:
         return Outcome(line, None)
+    if line.answer is not None:
+        return await _judge_line(service, config, line, name)
     retried = False
     try:
         d3 = await _decide_line(service, config, line.body, name)
@@ -270,3 +311,20 @@ async def _one(service: RouterService, config: Config, line: TrafficLine, fallba
     return Outcome(
         line, name, d3.decision.rule, action.kind, upstream, d3.answers, d3.decision_ms, d3.engine_error, retried
     )
+
+
+async def _judge_line(service: RouterService, config: Config, line: TrafficLine, name: str) -> Outcome:
+    """An answer judged again by `name`'s answer guard as the router would (its `read` and `context` applied to the
+    logged state); an engine failure retried once."""
+    guard = config.policies[name].answer
+    if guard is None:
+        return Outcome(line, name, "(no answer guard)", "pass", kind="answer")
+    logged = line.answer or {}
+    calls = [call for call in logged.get("tool_calls") or [] if isinstance(call, dict)]
+    state = answer_state(guard, logged.get("request"), str(logged.get("answer") or ""), calls)
+    judged = await ask(service, guard, name, state)
+    retried = judged.error is not None
+    if retried:
+        judged = await ask(service, guard, name, state)
+    return Outcome(line, name, judged.verdict.rule or "-", judged.outcome, None, judged.answers, judged.ms,
+                   judged.error, retried, kind="answer")  # fmt: skip

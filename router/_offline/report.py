@@ -56,6 +56,8 @@ def confusion(outcomes: Sequence[Outcome], kind: str) -> dict[str, Any] | None:
 
 
 def _decision(o: Outcome) -> str:
+    if o.kind == "answer":
+        return f"answer {o.rule} ({o.action})"
     return "(no policy)" if o.policy is None else f"{o.rule} ({o.action} {o.target})" if o.action == "route" else o.rule
 
 
@@ -69,8 +71,9 @@ def changed(before: Sequence[Outcome], after: Sequence[Outcome]) -> dict[str, An
             continue  # an engine failure is not a policy change; both are counted in engine_errors
         same_rule = old.rule == new.rule and old.policy == new.policy
         lines.append({
-            "line": old.line.line, "old": _decision(old) if same_rule else old.rule or "(no policy)",
-            "new": _decision(new) if same_rule else new.rule or "(no policy)",
+            "line": old.line.line,
+            "old": _decision(old) if same_rule or old.kind == "answer" else old.rule or "(no policy)",
+            "new": _decision(new) if same_rule or new.kind == "answer" else new.rule or "(no policy)",
         })  # fmt: skip
     pairs = Counter(f"{item['old']} -> {item['new']}" for item in lines)
     return {"count": len(lines), "pairs": dict(pairs.most_common()), "lines": lines}
@@ -84,8 +87,9 @@ def summarize(
     against: tuple[Config, Sequence[Outcome]] | None = None,
     calibration: tuple[Threshold, Sequence[Point], Point | None] | None = None,
 ) -> dict[str, Any]:
-    """The replay's figures, as `--json` prints them."""
-    decided = [o for o in outcomes if o.policy is not None]
+    """The replay's figures, as `--json` prints them; answer lines (issue 27) in `answers`, apart."""
+    judged = [o for o in outcomes if o.kind == "answer"]
+    decided = [o for o in outcomes if o.policy is not None and o.kind == "request"]
     ok = [o for o in decided if o.error is None]
     blocked = sum(1 for o in decided if o.action == "block")
     latencies = [o.decision_ms for o in decided]
@@ -111,6 +115,8 @@ def summarize(
         "accuracy": correct / len(labelled) if labelled else None,
         "confusion": {kind: table for kind in ("rule", "route") if (table := confusion(ok, kind)) is not None},
     }
+    if judged:
+        report["answers"] = _answers(judged)
     if against is not None:
         report["against"] = against[0].file
         report["changed"] = changed(outcomes, against[1])
@@ -121,6 +127,27 @@ def summarize(
             "points": [point_json(p) for p in points], "chosen": point_json(chosen) if chosen is not None else None,
         }  # fmt: skip
     return report
+
+
+def _answers(judged: Sequence[Outcome]) -> dict[str, Any]:
+    """The answer lines' figures: verdicts per answer rule and outcome, blocks, accuracy against their labels."""
+    decided = [o for o in judged if o.policy is not None]
+    ok = [o for o in decided if o.error is None]
+    labelled = [o for o in ok if o.line.label is not None]
+    correct = sum(
+        1 for o in labelled if o.line.label is not None and predicted(o, o.line.label.kind) == o.line.label.value
+    )
+    return {
+        "judged": len(decided),
+        "per_rule": dict(Counter(o.rule for o in decided).most_common()),
+        "per_outcome": dict(Counter(o.action for o in decided).most_common()),
+        "blocked": sum(1 for o in decided if o.action == "block"),
+        "engine_errors": [{"line": o.line.line, "error": o.error} for o in decided if o.error is not None],
+        "latency_ms": _latency([o.decision_ms for o in decided]),
+        "labelled": len(labelled),
+        "accuracy": correct / len(labelled) if labelled else None,
+        "confusion": {kind: table for kind in ("rule", "route") if (table := confusion(ok, kind)) is not None},
+    }
 
 
 def _latency(values: Sequence[float]) -> dict[str, float | None]:
@@ -161,6 +188,8 @@ def markdown(report: dict[str, Any]) -> str:
         for name, row in zip(classes, table["matrix"], strict=True):
             cells = " | ".join(str(n) for n in row)
             out.append(f"| {name} | {cells} | {fmt(table['precision'][name])} | {fmt(table['recall'][name])} |")
+    if "answers" in report:
+        out += _answers_markdown(report["answers"])
     if "changed" in report:
         change = report["changed"]
         out += ["", f"**{change['count']} decisions changed** against {report['against']}.", ""]
@@ -175,3 +204,16 @@ def markdown(report: dict[str, Any]) -> str:
     for item in report["engine_errors"]:
         out.append(f"- line {item['line']}: the engine failed twice: {item['error']}")
     return "\n".join(out) + "\n"
+
+
+def _answers_markdown(answers: dict[str, Any]) -> list[str]:
+    lat = answers["latency_ms"]
+    out = ["", f"## Answers: {answers['judged']} judged by answer guards", "",
+           f"{answers['blocked']} blocked, {len(answers['engine_errors'])} engine errors; engine latency p50 "
+           f"{fmt(lat['p50'], 2)} ms.", "", "| answer rule | verdicts |", "| --- | ---: |"]  # fmt: skip
+    out += [f"| {rule} | {n} |" for rule, n in answers["per_rule"].items()]
+    out += ["", "| outcome | verdicts |", "| --- | ---: |"]
+    out += [f"| {outcome} | {n} |" for outcome, n in answers["per_outcome"].items()]
+    if answers["accuracy"] is not None:
+        out += ["", f"**Answer accuracy {fmt(answers['accuracy'])}** over {answers['labelled']} labelled lines."]
+    return out

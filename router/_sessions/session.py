@@ -36,9 +36,9 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
-from policies import Config, Route, ServerSettings, SessionServerSettings
+from policies import Config, Route, ServerSettings, SessionServerSettings, SessionSettings
 from router._apis.chat import Api
 from router._apis.content import Content
 from router._apis.state import Turn
@@ -104,6 +104,7 @@ class SessionTurn:
         self.ttl_s = 0.0
         self.dry = False  # explain: say what would happen, store nothing
         self._turns: list[Turn] | None = None
+        self._stored: tuple[str, tuple[str, ...] | None, str] | Literal[False] | None = False  # not read yet
 
     @property
     def wants_answer(self) -> bool:
@@ -142,7 +143,7 @@ class SessionTurn:
                 return self._found("metadata.user_id", sessions.hash("id", user_id, caller))
             previous = self.body.get("previous_response_id")
             if isinstance(previous, str) and previous:
-                known = await sessions.store.get(_response_key(sessions.hash("response", previous, caller)))
+                known = await self._continued(previous)
                 chain = known or sessions.hash("response-chain", previous, caller)
                 return self._found("previous_response_id", chain)
         if settings.fingerprint:
@@ -150,6 +151,20 @@ class SessionTurn:
             if opening is not None:
                 return self._found("fingerprint", sessions.hash("opening", opening, caller))
         return None
+
+    async def _continued(self, response_id: str) -> str | None:
+        """The session of the response `response_id` continues, if this router relayed it to this caller; a
+        response it relayed to another caller is `BadRequest` (400 previous_response_not_found, as OpenAI answers
+        an id it does not know): the upstream, called with the router's own key, would continue that caller's
+        conversation for this one (issue 25.3)."""
+        stored = await self.sessions.store.get(_response_key(self.sessions.hash("response", response_id)))
+        if stored is None:
+            return None
+        owner, _, session = stored.partition(" ")
+        if owner != self.sessions.hash("caller", self.caller):
+            raise BadRequest("the previous response was not found (previous_response_id names a response of "
+                             "another caller)", "previous_response_id", code="previous_response_not_found")  # fmt: skip
+        return session or None
 
     def _found(self, source: str, key: str) -> str:
         self.source, self.key = source, key
@@ -194,11 +209,33 @@ class SessionTurn:
         if self._turns is None and d3.state.turns:
             self._turns = list(d3.state.turns)  # the decision read them already
         settings = policy.session
-        if settings.mode == "off" or await self.find() is None or self.key is None:
+        stored = await self.stored(d3.policy, settings)
+        if stored is None:
             return self._outcome(d3, "off", action.upstreams)
+        key, previous, mark = stored
+        if previous is None:
+            outcome, upstreams = "new", action.upstreams
+        elif (settings.mode == "escalate" and not self._tool_turn() and not self._holds_reasoning()
+              and self._tier(action) > self._tier(previous)):  # fmt: skip
+            outcome, upstreams = "escalated", action.upstreams
+        else:
+            outcome, upstreams = "sticky", previous
+        if outcome != "sticky" and not self.dry:
+            await self.sessions.store.set(key, ",".join(upstreams) + mark, settings.ttl_s)
+        return self._outcome(d3, outcome, upstreams)
+
+    async def stored(self, policy: str, settings: SessionSettings) -> tuple[str, tuple[str, ...] | None, str] | None:
+        """The session's record for this turn, read once (an overlap reads it before the decision, `route` after):
+        its store key, its route (None on an opening turn or a new session) and the opening mark to store; None
+        when the policy keeps no session or the request names none."""
+        if self._stored is not False:
+            return self._stored
+        self._stored = None
+        if settings.mode == "off" or await self.find() is None or self.key is None:
+            return None
         self.ttl_s = settings.ttl_s
         store, ttl = self.sessions.store, None if self.dry else settings.ttl_s
-        key = _session_key(d3.policy, self.key)
+        key = _session_key(policy, self.key)
         previous, root, mark = None, self.opening or "", f"#{self.opening}" if self.opening else ""
         if not self._opening_turn():  # an opening decides anew: nothing to read
             previous, root = self._record(await store.get(key, ttl))
@@ -208,16 +245,8 @@ class SessionTurn:
                 previous = own or previous  # its own route once it has one, else the session's
             elif root:
                 mark = f"#{root}"
-        if previous is None:
-            outcome, upstreams = "new", action.upstreams
-        elif (settings.mode == "escalate" and not self._tool_turn() and not self._holds_reasoning()
-              and self._tier(action) > self._tier(previous)):  # fmt: skip
-            outcome, upstreams = "escalated", action.upstreams
-        else:
-            outcome, upstreams = "sticky", previous
-        if outcome != "sticky" and not self.dry:
-            await store.set(key, ",".join(upstreams) + mark, settings.ttl_s)
-        return self._outcome(d3, outcome, upstreams)
+        self._stored = (key, previous, mark)
+        return self._stored
 
     def _record(self, stored: str | None) -> tuple[tuple[str, ...] | None, str]:
         """A stored session: its route (if every upstream in it is still configured) and the hash of the opening
@@ -294,8 +323,10 @@ class SessionTurn:
             data = data["response"]
         response_id = data.get("id") if isinstance(data, dict) else None
         if isinstance(response_id, str) and response_id:
-            key = _response_key(self.sessions.hash("response", response_id, self.caller))
-            await self.sessions.store.set(key, self.key, self.ttl_s)
+            # One record per response, whoever sent it: its caller (hashed) and its session, so that another
+            # caller continuing it is refused, not only kept out of the session (`_continued`).
+            key = _response_key(self.sessions.hash("response", response_id))
+            await self.sessions.store.set(key, f"{self.sessions.hash('caller', self.caller)} {self.key}", self.ttl_s)
 
 
 def session_salt(server: ServerSettings, environ: Mapping[str, str]) -> bytes:

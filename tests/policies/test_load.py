@@ -73,7 +73,7 @@ INVALID = [
     ),
     pytest.param(
         "{HEAD}    rule:\n      - {name: default, route: small}\n",
-        "c.yaml:6:5: policies.auto.rule: unknown key 'rule'; did you mean 'rules'? expected one of description, apis, state, ask, on_engine_error, shadow, session, questions, rules, tests, answer",
+        "c.yaml:6:5: policies.auto.rule: unknown key 'rule'; did you mean 'rules'? expected one of description, apis, state, ask, on_engine_error, shadow, session, overlap, questions, rules, tests, answer",
         id="unknown policy key",
     ),
     pytest.param(

@@ -112,7 +112,8 @@ async def test_a_response_id_continues_only_its_own_callers_session(http: httpx.
     own = await http.post("/v1/responses", json=body, headers={"authorization": f"Bearer {A}"})
     assert own.json()["up"] == "large" and own.headers["x-d3-session"] == "sticky"
     stranger = await http.post("/v1/responses", json=body, headers={"authorization": f"Bearer {B}"})
-    assert stranger.json()["up"] == "small" and stranger.headers["x-d3-session"] == "new"
+    assert stranger.status_code == 400  # refused, not only kept out: the upstream would continue A's conversation
+    assert stranger.json()["error"]["code"] == "previous_response_not_found"
 
 
 async def test_the_decision_log_names_the_caller(http: httpx.AsyncClient, tmp_path: Path) -> None:

@@ -57,6 +57,8 @@ class _Active:
 
 
 ACTIVE = _Active()
+GO = threading.Event()  # a paused stream (`SAY PAUSE ...`) goes on once it is set
+FIRST = "the first window of a paused answer, long enough to be judged alone: "
 
 
 class _Upstream(BaseHTTPRequestHandler):
@@ -79,6 +81,9 @@ class _Upstream(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
         api = next(name for name, path in PATHS.items() if self.path.endswith(path.removeprefix("/v1")))
         text = json.dumps(body).split("SAY ", 1)[1].split('"', 1)[0]
+        if text.startswith("PAUSE"):
+            self._paused()
+            return
         raw, kind = answer(api, bool(body.get("stream")), text)
         self.send_response(200)
         self.send_header("content-type", kind)
@@ -90,6 +95,20 @@ class _Upstream(BaseHTTPRequestHandler):
                 self.wfile.write(event + (b"\n\n" if kind == "text/event-stream" else b""))
                 self.wfile.flush()
                 time.sleep(0.002)
+
+    def _paused(self) -> None:
+        """A chat stream whose first event fills a window, then nothing until `GO` (at most 10 s), then the rest."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        chunk = {"id": "c", "object": "chat.completion.chunk", "model": "up", "choices": [{"index": 0}]}
+        for i, text in enumerate([FIRST, "and the rest of it."]):
+            if i:
+                GO.wait(10)
+            delta = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+            self.wfile.write(f"data: {json.dumps({**chunk, 'choices': [delta]})}\n\n".encode())
+            self.wfile.flush()
+        self.wfile.write(b"data: [DONE]\n\n")
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -228,3 +247,25 @@ def test_the_anthropic_sdk_raises_for_a_withheld_answer(url: str) -> None:
                                         messages=[{"role": "user", "content": f"SAY {late}"}]) as events:  # fmt: skip
                 for _ in events:
                     pass
+
+
+def test_a_judged_window_reaches_the_client_while_the_upstream_is_still_silent(url: str) -> None:
+    """Issue 27.4: a window is released when its verdict comes, not when the upstream's next event does. The
+    upstream sends one window's worth and then waits for the client to have read it (up to 10 s)."""
+    GO.clear()
+    body = {"model": "guarded", "stream": True, "messages": [{"role": "user", "content": "SAY PAUSE"}]}
+    got = b""
+    started = time.monotonic()
+    try:
+        with httpx.stream("POST", url + PATHS["chat"], json=body, timeout=30) as response:
+            assert response.status_code == 200
+            chunks = response.iter_raw()
+            while FIRST.encode() not in got:
+                got += next(chunks)
+            waited = time.monotonic() - started
+            assert not GO.is_set() and waited < 5, f"the first window came {waited:.1f} s late, with the rest"
+            GO.set()
+            got += b"".join(chunks)
+    finally:
+        GO.set()
+    assert got.endswith(b"data: [DONE]\n\n") and b"and the rest of it." in got

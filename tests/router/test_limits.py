@@ -119,7 +119,29 @@ async def test_two_replicas_share_the_limit_through_redis(redis_server: RedisSer
         assert (await second.post("/v1/chat/completions", json=chat(), headers=auth)).status_code == 200
         assert (await first.post("/v1/chat/completions", json=chat(), headers=auth)).status_code == 429
     with redis_server.client() as client:
-        assert sorted(client.keys("d3:rate:*")) == ["d3:rate:key:a"]
+        assert sorted(client.keys("d3:rate:*")) == ["d3:rate:{key:a}"]
+
+
+async def test_a_redis_cluster_node_keeps_a_key_and_its_group_in_one_slot(
+    redis_cluster: RedisServer, clock: Clock
+) -> None:
+    """A Redis Cluster refuses a script whose keys hash to two slots (CROSSSLOT): a key's limit and its group's are
+    checked in one script, so they carry one hash tag (the group's); a key in no group carries its own."""
+    text = CONFIG.format(redis=f"  redis: {redis_cluster.url}\n  sessions: {{salt_env: SALT}}\n")
+    async for (_, first), (_, second) in apps(text, clock, count=2):
+        statuses = []
+        for http, key in ((first, B), (second, C), (first, C), (second, B)):  # the group's 3 in 30 s, across both
+            response = await http.post("/v1/chat/completions", json=chat(), headers={"authorization": f"Bearer {key}"})
+            statuses.append(response.status_code)
+        assert statuses == [200, 200, 200, 429]
+        for http in (first, second):
+            assert (await http.post("/v1/chat/completions", json=chat(), headers={"x-api-key": A})).status_code == 200
+        assert (await first.post("/v1/chat/completions", json=chat(), headers={"x-api-key": A})).status_code == 429
+        assert "d3router_redis_errors_total{" not in (await first.get("/metrics")).text  # none failed (CROSSSLOT)
+    with redis_cluster.client() as client:
+        keys = sorted(client.keys("d3:rate:*"))
+        assert keys == ["d3:rate:{group:team}", "d3:rate:{group:team}:key:c", "d3:rate:{key:a}"]
+        assert len({client.cluster("KEYSLOT", key) for key in keys[:2]}) == 1
 
 
 async def test_redis_down_limits_per_replica_with_one_log_line(

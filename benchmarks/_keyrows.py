@@ -1,0 +1,111 @@
+"""The router benchmark's client-key rows (issue 25): what keys and rate limits add to a cache hit.
+
+    python -m benchmarks.router --no-engine --only "d3router auth" [--rounds 3] [--requests 3000]
+
+Four rows, each the cache-hit row's proxy (benchmarks/_proxy.py `router --engine cache`, sessions off) with
+`--auth` (and `--redis`), every one loaded with the same request carrying `Authorization: Bearer KEY`:
+
+- `OFF`    auth off: no `server.auth`; the credential is hashed into an anonymous caller (router/_faces/auth.py)
+- `KEYS`   keys on: `server.auth` with one key (the digest looked up, compared in constant time)
+- `RATE`   keys on, the key's rate and its group's, in process (GCRA, two limits per request)
+- `REDIS`  the same limits in the benchmark's own redis-server (one EVALSHA per request, both limits in one slot)
+
+The limits are 10^9 requests a second: every request is counted and none refused. `vs_auth(rows)` gives a summary
+line per comparison, each with the issue's target: keys on vs off, CPU per request added (<= 10 us); a rate limit
+in process and in Redis vs keys on alone, p50 added at c=1 (<= 0.05 ms and <= 0.3 ms).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+KEY_ENV, KEY = "D3_BENCH_KEY", "sk-bench-not-a-secret-0123456789abcdef"
+ENVIRON = {KEY_ENV: KEY}
+HEADER = f"authorization: Bearer {KEY}"
+OFF = "d3router auth off (cache hit, a credential sent)"
+KEYS = "d3router auth keys (cache hit)"
+RATE = "d3router auth keys, rate limit in-process (cache hit)"
+REDIS = "d3router auth keys, rate limit in Redis (cache hit)"
+# Row name: its `benchmarks._proxy` arguments ("redis": the benchmark's own server, benchmarks/_sessionrows.py).
+ROWS = {
+    OFF: ["--auth", "off"],
+    KEYS: ["--auth", "keys"],
+    RATE: ["--auth", "rate"],
+    REDIS: ["--auth", "rate", "--redis", "redis"],
+}
+# (row, the row it is set against, the figure compared, the target): CPU per request in ms, or p50 at c=1 in ms.
+COMPARED = [
+    (KEYS, OFF, "CPU ms/req", 0.010),
+    (RATE, KEYS, "p50 ms", 0.05),
+    (REDIS, KEYS, "p50 ms", 0.3),
+]
+UNLIMITED = {"requests": 1_000_000_000, "window_s": 1}  # every request counted, none refused
+
+
+def spec(name: str) -> list[str]:
+    return ["router", "--engine", "cache", *ROWS[name]]
+
+
+def base(only: list[str], name: str) -> bool:
+    """Whether `name` is a row another chosen key row is set against (`--only` picked that one)."""
+    return any(name == against and any(part in row for part in only) for row, against, _, _ in COMPARED)
+
+
+def headers(name: str) -> tuple[str, ...]:
+    """The request headers the load generator sends to the row `name` (none for the other rows)."""
+    return (HEADER,) if name in ROWS else ()
+
+
+def with_auth(text: str, auth: str, redis: str | None = None, salt_env: str = "D3_BENCH_SALT") -> str:
+    """The bench configuration `text` with `auth` (off, keys, rate) and `server.redis` (with the salt's variable,
+    `salt_env`: Redis is refused without one)."""
+    if auth not in ("off", "keys", "rate"):
+        raise SystemExit(f"--auth: expected off, keys or rate, found {auth!r}")
+    if auth == "off" and redis is None:
+        return text
+    server: dict[str, Any] = {}
+    if text.startswith("server: "):  # bench_config's one-line `server:` (sessions in Redis): merged into ours
+        first, _, text = text.partition("\n")
+        server = yaml.safe_load(first)["server"]
+    if redis is not None:
+        server["redis"] = redis
+        server.setdefault("sessions", {})["salt_env"] = salt_env
+    if auth != "off":
+        key: dict[str, Any] = {"name": "bench", "key_env": KEY_ENV}
+        server["auth"] = {"keys": [key]}
+        if auth == "rate":
+            key.update(group="bench", rate=UNLIMITED)
+            server["auth"]["groups"] = {"bench": {"rate": UNLIMITED}}
+    return f"server: {json.dumps(server)}\n{text}"
+
+
+def vs_auth(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """A line per comparison of `COMPARED` whose two rows were measured: the figure added at each concurrency, and
+    against the target (at c=1 for p50; at every concurrency for CPU)."""
+    by = {(row["target"], row["concurrency"]): row for row in rows}
+    lines = {}
+    for name, against, figure, target in COMPARED:
+        added = [
+            (level, row[figure] - by[(against, level)][figure])
+            for (target_name, level), row in sorted(by.items(), key=lambda item: item[0][1])
+            if target_name == name and (against, level) in by
+            and isinstance(row.get(figure), float) and isinstance(by[(against, level)].get(figure), float)
+        ]  # fmt: skip
+        if not added:
+            continue
+        if figure == "p50 ms":
+            at_1 = next((value for level, value in added if level == 1), None)
+            verdict = "" if at_1 is None else f" ({'met' if at_1 <= target else 'MISSED'})"
+            goal = f"target <= {target} ms at c=1{verdict}"
+        else:
+            verdict = "met" if all(value <= target for _, value in added) else "MISSED"
+            goal = f"target <= {target * 1000:g} us ({verdict})"
+        errors = sum(row["errors"] for (target_name, _), row in by.items() if target_name == name)
+        lines[f"keys: {name}"] = (
+            f"{name}: adds {figure} {', '.join(f'{value:+.3f}' for _, value in added)} over {against} at "
+            f"c={'/'.join(str(level) for level, _ in added)}; {goal}" + (f"; {errors} errors" if errors else "")
+        )
+    return lines

@@ -1,0 +1,78 @@
+"""The scripted model of `_scripted.py`, speaking only Chat Completions (issue 30): a chat-only provider an agent of
+another API reaches through the router's translation. Any other path is answered 404.
+
+The script, in chat's shapes: a request without tools is answered "ok"; a conversation whose last turn is a tool
+result is answered "ANSWER: <the result>"; else, when the latest user text says `READ <path>`, a call of the `Read`
+tool, its arguments streamed in two pieces. With `reasoning_effort`, each answer opens with `reasoning_content`, as
+vLLM's reasoning parsers give it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from tests.agents._scripted import _Handler, _serving, _text, _wanted
+
+
+class _ChatModel(_Handler):
+    def answer(self, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
+        if path.split("?")[0].endswith("/chat/completions"):
+            return _chat(body)
+        return 404, "application/json", b'{"error": {"message": "this upstream speaks Chat Completions only"}}'
+
+
+def _chunk(n: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 0, "model": "chat-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+
+
+def _chat(body: dict[str, Any]) -> tuple[int, str, bytes]:
+    messages = body.get("messages") or []
+    tools = [(tool.get("function") or {}).get("name") for tool in body.get("tools") or []]
+    last: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") != "system"), {})
+    user = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+    n = len(messages)
+    wanted = _wanted(user) if tools and last.get("role") != "tool" else None
+    text: str = "ok"
+    call: dict[str, Any] | None = None
+    if last.get("role") == "tool":
+        text = "ANSWER: " + _text(last.get("content"))[:300]
+    elif wanted and "Read" in tools:
+        call = {"id": f"call_{n}", "type": "function",
+                "function": {"name": "Read", "arguments": json.dumps({"file_path": wanted[1]})}}  # fmt: skip
+    reasoning = "The script says what to do." if body.get("reasoning_effort") else None
+    finish = "tool_calls" if call else "stop"
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    if not body.get("stream"):
+        message: dict[str, Any] = {"role": "assistant", "content": None if call else text}
+        if call:
+            message["tool_calls"] = [call]
+        if reasoning:
+            message["reasoning_content"] = reasoning
+        answer = {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": 0, "model": "chat-model",
+                  "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": usage}  # fmt: skip
+        return 200, "application/json", json.dumps(answer).encode()
+    chunks = [_chunk(n, {"role": "assistant", "content": ""})]
+    if reasoning:
+        chunks.append(_chunk(n, {"reasoning_content": reasoning}))
+    if call:
+        arguments = call["function"]["arguments"]
+        half = len(arguments) // 2
+        chunks += [
+            _chunk(n, {"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
+                                       "function": {"name": "Read", "arguments": arguments[:half]}}]}),
+            _chunk(n, {"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
+        ]  # fmt: skip
+    else:
+        chunks += [_chunk(n, {"content": word}) for word in re.findall(r"\S+\s*", text)]
+    chunks.append(_chunk(n, {}, finish))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**_chunk(n, {}), "choices": [], "usage": usage})
+    data = b"".join(b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks) + b"data: [DONE]\n\n"
+    return 200, "text/event-stream", data
+
+
+def chat_upstream() -> Any:
+    return _serving(_ChatModel)

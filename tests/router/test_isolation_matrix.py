@@ -1,0 +1,178 @@
+"""Nothing shared across callers (issue 25.3), as a matrix: every source a session key is found by (the
+`x-session-id` header, the configured header, the body's `user` / `safety_identifier` / `prompt_cache_key` /
+`metadata.user_id`, the agents' own ids, `previous_response_id`, the opening's fingerprint) x every pair of callers
+(keys on: two key names; keys off: two credentials, a credential and none, none and a credential).
+
+Caller A opens a conversation that the engine sends to `large` and continues it (sticky, `large`). Caller B then
+sends A's later turn with the same id: it is decided alone (`small`, a new session), its explain (the admin token,
+as B) shows no route of A's, it sees no cache state (`x-d3-cache`: A's identical decision is in the cache), and a
+Responses chain of A's is refused to it (400 previous_response_not_found): the upstream, called with the router's
+own key, would otherwise continue A's conversation for B.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from d3backend import FakeEngine
+from policies import parse_config
+from router import create_app
+
+pytestmark = pytest.mark.anyio
+
+A, B = "sk-caller-a-0123456789", "sk-caller-b-0123456789"
+ADMIN = "admin-token-0123456789"
+ENVIRON = {"KEY_A": A, "KEY_B": B, "ADMIN": ADMIN}
+CONFIG = """
+server:
+  admin_token_env: ADMIN
+  sessions: {{header: x-conversation}}
+{keys}upstreams:
+  small: {{url: http://small.test/v1}}
+  large: {{url: http://large.test/v1}}
+policies:
+  auto:
+    questions: {{hard: {{type: noul}}}}
+    rules:
+      - {{name: hard, when: hard > 0.5, route: large}}
+      - {{name: default, route: small}}
+"""
+KEYS = "  auth: {keys: [{name: a, key_env: KEY_A}, {name: b, key_env: KEY_B}]}\n"
+CLAUDE_USER = json.dumps({"device_id": "d-1", "account_uuid": "", "session_id": "5f0c1e9a-claude-session"})
+
+
+def answers(state: Any, questions: Any) -> dict[str, Any]:
+    return {"hard": 0.9 if "HARD" in json.dumps(state).split("thanks")[-1] else 0.1}  # the last turn decides
+
+
+@dataclass(frozen=True)
+class Source:
+    """A session key source: the path, and the body and headers of a turn given the conversation's user texts."""
+
+    name: str
+    path: str
+    extra: dict[str, Any]
+    headers: dict[str, str]
+
+    def body(self, *texts: str) -> dict[str, Any]:
+        turns: list[dict[str, Any]] = []
+        for text in texts:
+            turns += [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]
+        turns = turns[:-1]
+        if self.path == "/v1/responses":
+            return {"model": "auto", "input": turns, **self.extra}
+        return {"model": "auto", "messages": turns, **self.extra, **({"max_tokens": 9} if "messages" in self.path
+                                                                        else {})}  # fmt: skip
+
+
+SOURCES = [
+    Source("x-session-id", "/v1/chat/completions", {}, {"x-session-id": "s-1"}),
+    Source("server.sessions.header", "/v1/chat/completions", {}, {"x-conversation": "c-1"}),
+    Source("user", "/v1/chat/completions", {"user": "user-42"}, {}),
+    Source("safety_identifier", "/v1/chat/completions", {"safety_identifier": "u-7"}, {}),
+    Source("prompt_cache_key", "/v1/responses", {"prompt_cache_key": "pck-1"}, {}),
+    Source("metadata.user_id", "/v1/messages", {"metadata": {"user_id": "user-42"}}, {}),
+    Source("claude-code header", "/v1/messages", {}, {"x-claude-code-session-id": "cc-1"}),
+    Source("claude-code user_id", "/v1/messages", {"metadata": {"user_id": CLAUDE_USER}}, {}),
+    Source("codex session-id", "/v1/responses", {}, {"session-id": "codex-1"}),
+    Source("codex thread-id", "/v1/responses", {}, {"thread-id": "thread-1"}),
+    Source("fingerprint", "/v1/chat/completions", {}, {}),
+]
+
+Credential = Callable[[str], dict[str, str]]  # the credential headers for a path
+
+
+def bearer(key: str) -> Credential:
+    return lambda path: {"x-api-key": key} if path == "/v1/messages" else {"authorization": f"Bearer {key}"}
+
+
+def nothing(path: str) -> dict[str, str]:
+    return {}
+
+
+# (id, keys on, A's credential, B's credential)
+PAIRS: list[tuple[str, bool, Credential, Credential]] = [
+    ("keys a-b", True, bearer(A), bearer(B)),
+    ("no keys, two credentials", False, bearer(A), bearer(B)),
+    ("no keys, credential-none", False, bearer(A), nothing),
+    ("no keys, none-credential", False, nothing, bearer(B)),
+]
+
+
+def responder(name: str) -> Any:
+    count = [0]
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        count[0] += 1
+        return httpx.Response(200, json={"id": f"resp_{name}_{count[0]}", "up": name})
+
+    return respond
+
+
+@pytest.fixture(params=PAIRS, ids=[pair[0] for pair in PAIRS])
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[httpx.AsyncClient, Credential, Credential]]:
+    _, keys, first, second = request.param
+    with respx.mock(assert_all_called=False) as mock:
+        for name in ("small", "large"):
+            mock.route(host=f"{name}.test").mock(side_effect=responder(name))
+        app = create_app(parse_config(CONFIG.format(keys=KEYS if keys else ""), "c.yaml"), engine=FakeEngine(answers),
+                         transport=httpx.AsyncHTTPTransport(), environ=ENVIRON)  # fmt: skip
+        await app.startup()
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
+            yield client, first, second
+        await app.aclose()
+
+
+HIDDEN = ("x-d3-cache", "x-d3-answers", "x-d3-rule", "x-d3-decision-ms", "x-d3-upstream")
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[source.name for source in SOURCES])
+async def test_caller_b_never_gets_a_session_of_caller_a(
+    pair: tuple[httpx.AsyncClient, Credential, Credential], source: Source
+) -> None:
+    http, as_a, as_b = pair
+    path, ids = source.path, source.headers
+    opening = await http.post(path, json=source.body("HARD question"), headers={**ids, **as_a(path)})
+    assert opening.json()["up"] == "large", opening.text
+    later = source.body("HARD question", "thanks")
+    own = await http.post(path, json=later, headers={**ids, **as_a(path)})
+    assert (own.json()["up"], own.headers["x-d3-session"]) == ("large", "sticky")  # A's own session holds
+
+    explained = await http.post("/v1/d3/explain", json=later, headers={**ids, **as_b(path), "x-d3-admin-token": ADMIN})
+    assert explained.status_code == 200, explained.text
+    assert (explained.json()["decision"]["upstreams"], explained.json()["session"]["outcome"]) == (["small"], "new")
+    mine = await http.post("/v1/d3/explain", json=later, headers={**ids, **as_a(path), "x-d3-admin-token": ADMIN})
+    assert mine.json()["decision"]["upstreams"] == ["large"]  # as A, explain shows A's session: the test can fail
+
+    other = await http.post(path, json=later, headers={**ids, **as_b(path)})
+    assert (other.json()["up"], other.headers["x-d3-session"]) == ("small", "new")  # B's own, decided alone
+    assert not [name for name in HIDDEN if name in other.headers]  # the decision A's turn cached: not told to B
+
+
+async def test_caller_b_cannot_continue_a_responses_chain_of_caller_a(
+    pair: tuple[httpx.AsyncClient, Credential, Credential],
+) -> None:
+    http, as_a, as_b = pair
+    path = "/v1/responses"
+    first = await http.post(path, json={"model": "auto", "input": "HARD question"}, headers=as_a(path))
+    assert first.json()["up"] == "large"
+    body = {"model": "auto", "input": "thanks", "previous_response_id": first.json()["id"]}
+    own = await http.post(path, json=body, headers=as_a(path))
+    assert (own.json()["up"], own.headers["x-d3-session"]) == ("large", "sticky")
+    for chained in (first.json()["id"], own.json()["id"]):  # any response of A's chain
+        body["previous_response_id"] = chained
+        stranger = await http.post(path, json=body, headers=as_b(path))
+        assert stranger.status_code == 400, stranger.text
+        error = stranger.json()["error"]
+        assert (error["code"], error["param"]) == ("previous_response_not_found", "previous_response_id")
+        explained = await http.post("/v1/d3/explain", json=body, headers={**as_b(path), "x-d3-admin-token": ADMIN})
+        assert explained.status_code == 400 and "large" not in explained.text
+    unknown = {**body, "previous_response_id": "resp_never_relayed"}  # an id the router never saw: B's own chain
+    assert (await http.post(path, json=unknown, headers=as_b(path))).json()["up"] == "small"
