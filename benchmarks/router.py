@@ -46,7 +46,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks import _keyrows, _peers, _sessionrows, _translaterows
+from benchmarks import _keyrows, _peers, _sessionrows, _translaterows, _usagerows
 from benchmarks._answers import PATHS
 from benchmarks._apirows import GUARDED, REWRITE, REWRITTEN, api_of, body_file, picked, vs_chat, vs_plain
 from benchmarks._report import add_arguments, write
@@ -317,6 +317,8 @@ def main() -> None:
             rows += interleaved(targets + plain_peers, levels, requests, rounds)
         rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
         rows += _translaterows.rows(proxy, interleaved, upstream, levels, requests // 3 or 10, rounds, extra, args.only)
+        rows += _usagerows.rows(proxy, interleaved, upstream, levels, requests // 3 or 10, rounds, extra, args.only,
+                                _pin(0))  # fmt: skip
         extra["streaming"] = streaming(slow, requests // 10 or 10, rounds, peers)
         if args.only and picked(args.only, "answer guard, 2,000-token stream"):  # asked by name only: ~1 min
             from benchmarks import _answerrows  # (it imports this module)
@@ -340,8 +342,9 @@ def main() -> None:
     extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"])
     extra["peers"] = _peers.vs_d3router(rows)
     extra["keys"] = _keyrows.vs_auth(rows)
+    extra["usage"] = _usagerows.vs_off(rows)
     summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["vs unguarded"], **extra["sessions"],
-               **extra["peers"], **extra["keys"], **extra["translated"]}  # fmt: skip
+               **extra["peers"], **extra["keys"], **extra["translated"], **extra["usage"]}  # fmt: skip
     columns = ["target", "concurrency", "requests", "errors", "rps", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms",
                "max ms", "added p50 ms", "CPU ms/req", "peak RSS MB", "gc 0/1/2", "full gc per 10k", "gc longest ms",
                "rps vs chat", "CPU vs chat", "rps vs not rewritten", "rps vs unguarded"]  # fmt: skip
