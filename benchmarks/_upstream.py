@@ -3,12 +3,13 @@ router's cost is what the benchmark sees.
 
     python -m benchmarks._upstream PORT [--gap-ms 0] [--first-ms 0]
 
-`POST .../chat/completions` answers a fixed completion, or, when the body asks `"stream": true`, an SSE stream of
-5 chunks (and the usage chunk when asked: `stream_options.include_usage`) and [DONE], the first at once and the
-rest `--gap-ms` apart (chunked encoding). `POST .../responses` (the OpenAI Responses API) and `POST .../messages` (the Anthropic Messages API) answer the same text in their own
-shapes (benchmarks/_answers.py), streamed in their own events in as many chunks as chat's, so that rows compare
-like for like. Any other path answers as chat. `--first-ms`: every answer (its head, plain or streamed) waits that
-long first, a model's time to first token (benchmarks/overlap.py). Keep-alive, HTTP/1.1 only, loopback only.
+`POST .../chat/completions` answers a fixed completion, or, when the body asks `"stream": true`, an SSE stream of 5
+chunks (and the usage chunk when asked: `stream_options.include_usage`) and [DONE], the first at once and the rest
+`--gap-ms` apart (chunked encoding). `POST .../responses` (the OpenAI Responses API) and `POST .../messages` (the
+Anthropic Messages API) answer the same text in their own shapes (benchmarks/_answers.py), streamed in their own
+events in as many chunks as chat's, so that rows compare like for like. Any other path answers as chat. `--first-
+ms`: every answer (its head, plain or streamed) waits that long first, a model's time to first token
+(benchmarks/overlap.py). Keep-alive, HTTP/1.1 only, loopback only.
 """
 
 from __future__ import annotations
