@@ -7,8 +7,8 @@ router's cost is what the benchmark sees.
 chunks (and the usage chunk when asked: `stream_options.include_usage`) and [DONE], the first at once and the rest
 `--gap-ms` apart (chunked encoding). `POST .../responses` (the OpenAI Responses API) and `POST .../messages` (the
 Anthropic Messages API) answer the same text in their own shapes (benchmarks/_answers.py), streamed in their own
-events in as many chunks as chat's, so that rows compare like for like. Any other path answers as chat. `--first-
-ms`: every answer (its head, plain or streamed) waits that long first, a model's time to first token
+events in as many chunks as chat's, so that rows compare like for like. Any other path answers as chat.
+`--first-ms`: every answer (its head, plain or streamed) waits that long first, a model's time to first token
 (benchmarks/overlap.py). Keep-alive, HTTP/1.1 only, loopback only.
 """
 
