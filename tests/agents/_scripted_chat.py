@@ -1,10 +1,11 @@
 """The scripted model of `_scripted.py`, speaking only Chat Completions (issue 30): a chat-only provider an agent of
 another API reaches through the router's translation. Any other path is answered 404.
 
-The script, in chat's shapes: a request without tools is answered "ok"; a conversation whose last turn is a tool
+Each request is checked against the `openai` SDK's chat types (`tests/router/_sdk_shapes.py`): one they do not
+take is answered 400, as a strict provider would. The script, in chat's shapes: a request without tools is answered "ok"; a conversation whose last turn is a tool
 result is answered "ANSWER: <the result>"; else, when the latest user text says `READ <path>`, a call of the `Read`
-tool, its arguments streamed in two pieces. With `reasoning_effort`, each answer opens with `reasoning_content`, as
-vLLM's reasoning parsers give it.
+tool (Claude Code's) or of Codex's shell tool (`cat <path>`), its arguments streamed in two pieces. With
+`reasoning_effort`, each answer opens with `reasoning_content`, as vLLM's reasoning parsers give it.
 """
 
 from __future__ import annotations
@@ -13,12 +14,20 @@ import json
 import re
 from typing import Any
 
-from tests.agents._scripted import _Handler, _serving, _text, _wanted
+import pydantic
+
+from tests.agents._scripted import SHELL_TOOLS, _Handler, _serving, _text, _wanted, shell_arguments
+from tests.router._sdk_shapes import chat_request
 
 
 class _ChatModel(_Handler):
     def answer(self, path: str, body: dict[str, Any]) -> tuple[int, str, bytes]:
         if path.split("?")[0].endswith("/chat/completions"):
+            try:
+                chat_request(body)  # as the openai SDK's types take it, or refused as a strict provider would
+            except (pydantic.ValidationError, AssertionError) as exc:
+                error = {"error": {"message": f"not a chat request: {exc}", "type": "invalid_request_error"}}
+                return 400, "application/json", json.dumps(error).encode()
             return _chat(body)
         return 404, "application/json", b'{"error": {"message": "this upstream speaks Chat Completions only"}}'
 
@@ -30,7 +39,8 @@ def _chunk(n: int, delta: dict[str, Any], finish: str | None = None) -> dict[str
 
 def _chat(body: dict[str, Any]) -> tuple[int, str, bytes]:
     messages = body.get("messages") or []
-    tools = [(tool.get("function") or {}).get("name") for tool in body.get("tools") or []]
+    tools = [(tool.get(tool.get("type") or "function") or {}).get("name") for tool in body.get("tools") or []]
+    shell = next((name for name in SHELL_TOOLS if name in tools), None)
     last: dict[str, Any] = next((m for m in reversed(messages) if m.get("role") != "system"), {})
     user = next((_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
     n = len(messages)
@@ -42,6 +52,9 @@ def _chat(body: dict[str, Any]) -> tuple[int, str, bytes]:
     elif wanted and "Read" in tools:
         call = {"id": f"call_{n}", "type": "function",
                 "function": {"name": "Read", "arguments": json.dumps({"file_path": wanted[1]})}}  # fmt: skip
+    elif wanted and shell:  # Codex's shell tool, translated from its Responses request
+        call = {"id": f"call_{n}", "type": "function",
+                "function": {"name": shell, "arguments": shell_arguments(shell, wanted)}}  # fmt: skip
     reasoning = "The script says what to do." if body.get("reasoning_effort") else None
     finish = "tool_calls" if call else "stop"
     usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
@@ -62,7 +75,7 @@ def _chat(body: dict[str, Any]) -> tuple[int, str, bytes]:
         half = len(arguments) // 2
         chunks += [
             _chunk(n, {"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
-                                       "function": {"name": "Read", "arguments": arguments[:half]}}]}),
+                                       "function": {"name": call["function"]["name"], "arguments": arguments[:half]}}]}),
             _chunk(n, {"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
         ]  # fmt: skip
     else:
