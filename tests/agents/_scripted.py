@@ -103,7 +103,7 @@ def _text(content: Any) -> str:
 
 
 def _wanted(text: str) -> tuple[str, str] | None:
-    found = re.findall(r"\b(DELEGATE|READ|DELETE) (/\S+)", text)
+    found = re.findall(r"\b(DELEGATE|READ|DELETE|PATCH) (/\S+)", text)
     return (found[-1][0], found[-1][1].rstrip(".,;'\"")) if found else None
 
 

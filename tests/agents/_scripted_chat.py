@@ -2,10 +2,12 @@
 another API reaches through the router's translation. Any other path is answered 404.
 
 Each request is checked against the `openai` SDK's chat types (`tests/router/_sdk_shapes.py`): one they do not
-take is answered 400, as a strict provider would. The script, in chat's shapes: a request without tools is answered "ok"; a conversation whose last turn is a tool
-result is answered "ANSWER: <the result>"; else, when the latest user text says `READ <path>`, a call of the `Read`
-tool (Claude Code's) or of Codex's shell tool (`cat <path>`), its arguments streamed in two pieces. With
-`reasoning_effort`, each answer opens with `reasoning_content`, as vLLM's reasoning parsers give it.
+take is answered 400, as a strict provider would. The script, in chat's shapes: a request without tools is answered
+"ok"; a conversation whose last turn is a tool result is answered "ANSWER: <the result>"; else, when the latest user
+text says `READ <path>`, a call of the `Read` tool (Claude Code's) or of Codex's shell tool (`cat <path>`), and when
+it says `PATCH <path>`, a call of Codex's custom tool `apply_patch` adding that file; a call's arguments are streamed
+in two pieces. With `reasoning_effort`, each answer opens with `reasoning_content`, as vLLM's reasoning parsers give
+it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ def _chat(body: dict[str, Any]) -> tuple[int, str, bytes]:
     call: dict[str, Any] | None = None
     if last.get("role") == "tool":
         text = "ANSWER: " + _text(last.get("content"))[:300]
+    elif wanted and wanted[0] == "PATCH" and "apply_patch" in tools:  # Codex's custom tool: a patch adding a file
+        patch = f"*** Begin Patch\n*** Add File: {wanted[1]}\n+patched through chat\n*** End Patch\n"
+        call = {"id": f"call_{n}", "type": "custom", "custom": {"name": "apply_patch", "input": patch}}
     elif wanted and "Read" in tools:
         call = {"id": f"call_{n}", "type": "function",
                 "function": {"name": "Read", "arguments": json.dumps({"file_path": wanted[1]})}}  # fmt: skip
@@ -71,12 +76,14 @@ def _chat(body: dict[str, Any]) -> tuple[int, str, bytes]:
     if reasoning:
         chunks.append(_chunk(n, {"reasoning_content": reasoning}))
     if call:
-        arguments = call["function"]["arguments"]
+        kind = call["type"]
+        field = "arguments" if kind == "function" else "input"
+        arguments = call[kind][field]
         half = len(arguments) // 2
         chunks += [
-            _chunk(n, {"tool_calls": [{"index": 0, "id": call["id"], "type": "function",
-                                       "function": {"name": call["function"]["name"], "arguments": arguments[:half]}}]}),
-            _chunk(n, {"tool_calls": [{"index": 0, "function": {"arguments": arguments[half:]}}]}),
+            _chunk(n, {"tool_calls": [{"index": 0, "id": call["id"], "type": kind,
+                                       kind: {"name": call[kind]["name"], field: arguments[:half]}}]}),
+            _chunk(n, {"tool_calls": [{"index": 0, kind: {field: arguments[half:]}}]}),
         ]  # fmt: skip
     else:
         chunks += [_chunk(n, {"content": word}) for word in re.findall(r"\S+\s*", text)]

@@ -62,3 +62,18 @@ def test_an_injected_instruction_is_still_refused_on_a_translated_route(chat_sta
     assert "Refused by policy." in out
     assert chat_stack.upstream.generations() == []
     assert requests_by_action(chat_stack) == {"block": 1}  # one request: Codex did not retry the 400
+
+
+def test_codex_applies_a_patch_its_custom_tool_carried_by_chat(chat_stack: Stack) -> None:
+    """`apply_patch` is a custom tool (a Lark grammar): the chat model's streamed custom call comes back to Codex as
+    a `custom_tool_call`, Codex applies it, and its output goes back as the tool message."""
+    made = chat_stack.work / "made.txt"
+    out = codex(chat_stack, f"PATCH {made} with a new file", "model=gpt-5.5")
+    assert made.exists() and made.read_text() == "patched through chat\n", out[-3000:]
+    second = chat_stack.upstream.generations()[-1].body["messages"]
+    calls = [call for m in second if m["role"] == "assistant" for call in m.get("tool_calls") or ()]
+    assert [(call["type"], call["custom"]["name"]) for call in calls] == [("custom", "apply_patch")]
+    assert calls[0]["custom"]["input"].startswith("*** Begin Patch")
+    results = [m for m in second if m["role"] == "tool"]
+    assert [result["tool_call_id"] for result in results] == [calls[0]["id"]]
+    assert "ANSWER:" in out
