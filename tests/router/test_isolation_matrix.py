@@ -34,6 +34,7 @@ CONFIG = """
 server:
   admin_token_env: ADMIN
   sessions: {{header: x-conversation}}
+  passthrough: ['/v1/*']
 {keys}upstreams:
   small: {{url: http://small.test/v1}}
   large: {{url: http://large.test/v1}}
@@ -111,17 +112,24 @@ def responder(name: str) -> Any:
 
     def respond(request: httpx.Request) -> httpx.Response:
         count[0] += 1
-        return httpx.Response(200, json={"id": f"resp_{name}_{count[0]}", "up": name})
+        kind = "conv" if request.url.path == "/v1/conversations" else "resp"  # a conversation made, or a response
+        return httpx.Response(200, json={"id": f"{kind}_{name}_{count[0]}", "up": name})
 
     return respond
 
 
+Pair = tuple[httpx.AsyncClient, Credential, Credential]
+SEEN: list[httpx.Request] = []  # what reached the upstreams, in order (the fixture empties it)
+
+
 @pytest.fixture(params=PAIRS, ids=[pair[0] for pair in PAIRS])
-async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[httpx.AsyncClient, Credential, Credential]]:
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
     _, keys, first, second = request.param
+    SEEN.clear()
     with respx.mock(assert_all_called=False) as mock:
         for name in ("small", "large"):
-            mock.route(host=f"{name}.test").mock(side_effect=responder(name))
+            respond = responder(name)
+            mock.route(host=f"{name}.test").mock(side_effect=lambda r, respond=respond: SEEN.append(r) or respond(r))
         app = create_app(parse_config(CONFIG.format(keys=KEYS if keys else ""), "c.yaml"), engine=FakeEngine(answers),
                          transport=httpx.AsyncHTTPTransport(), environ=ENVIRON)  # fmt: skip
         await app.startup()
@@ -176,3 +184,56 @@ async def test_caller_b_cannot_continue_a_responses_chain_of_caller_a(
         assert explained.status_code == 400 and "large" not in explained.text
     unknown = {**body, "previous_response_id": "resp_never_relayed"}  # an id the router never saw: B's own chain
     assert (await http.post(path, json=unknown, headers=as_b(path))).json()["up"] == "small"
+
+
+def not_found(response: httpx.Response, param: str | None = None) -> None:
+    """OpenAI's answer to an id it does not know: 404 invalid_request_error (the SDKs raise `NotFoundError`)."""
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+
+
+async def test_caller_b_cannot_use_a_conversation_of_caller_a(pair: Pair) -> None:
+    http, as_a, as_b = pair
+    path = "/v1/responses"
+    made = await http.post("/v1/conversations", json={}, headers=as_a(path))  # through server.passthrough
+    assert made.status_code == 200, made.text
+    conversation = made.json()["id"]
+    first = await http.post(path, json={"model": "auto", "input": "HARD question", "conversation": conversation},
+                            headers=as_a(path))  # fmt: skip
+    assert first.json()["up"] == "large", first.text
+    later = {"model": "auto", "input": "thanks", "conversation": {"id": conversation}}  # the history is upstream
+    own = await http.post(path, json=later, headers=as_a(path))
+    assert (own.json()["up"], own.headers["x-d3-session"]) == ("large", "sticky")  # the conversation is A's session
+    assert (await http.get(f"/v1/conversations/{conversation}/items", headers=as_a(path))).status_code == 200
+    seen = len(SEEN)
+
+    for named in (conversation, {"id": conversation}, "conv_never_made"):  # A's, either spelling; one never made
+        stranger = await http.post(path, json={**later, "conversation": named}, headers=as_b(path))
+        not_found(stranger, "conversation")
+        explained = await http.post("/v1/d3/explain", json={**later, "conversation": named},
+                                    headers={**as_b(path), "x-d3-admin-token": ADMIN})  # fmt: skip
+        assert explained.status_code == 404 and "large" not in explained.text
+    for method, url in [("GET", f"/v1/conversations/{conversation}"), ("GET", f"/v1/conversations/{conversation}/items"),
+                        ("POST", f"/v1/conversations/{conversation}/items"), ("POST", f"/v1/conversations/{conversation}"),
+                        ("DELETE", f"/v1/conversations/{conversation}"), ("GET", "/v1/conversations/conv_never_made")]:  # fmt: skip
+        not_found(await http.request(method, url, headers=as_b(path)))
+    assert SEEN[seen:] == []  # nothing of B's reached an upstream (called with the router's key)
+
+
+async def test_caller_b_cannot_read_a_stored_response_of_caller_a(pair: Pair) -> None:
+    http, as_a, as_b = pair
+    path = "/v1/responses"
+    first = await http.post(path, json={"model": "auto", "input": "HARD question"}, headers=as_a(path))
+    assert first.json()["up"] == "large"
+    stored = first.json()["id"]
+    urls = [("GET", f"/v1/responses/{stored}"), ("GET", f"/v1/responses/{stored}/input_items"),
+            ("POST", f"/v1/responses/{stored}/cancel"), ("DELETE", f"/v1/responses/{stored}")]  # fmt: skip
+    seen = len(SEEN)
+    for method, url in [*urls, ("GET", "/v1/responses/resp_never_relayed")]:
+        not_found(await http.request(method, url, headers=as_b(path)))
+    assert SEEN[seen:] == []  # nothing of B's reached an upstream (called with the router's key)
+    for method, url in urls:  # A's own, from the upstream that made it
+        own = await http.request(method, url, headers=as_a(path))
+        assert (own.status_code, own.json()["up"]) == (200, "large"), (method, url, own.text)
+    assert [(r.method, r.url.path) for r in SEEN[seen:]] == [(m, u) for m, u in urls]
