@@ -19,33 +19,19 @@ from typing import Any
 
 import httpx
 import pytest
-import respx
 
-from d3backend import FakeEngine
-from policies import parse_config
-from router import create_app
+from tests.router._callers import A, B, config_text, serving
 
 pytestmark = pytest.mark.anyio
 
-A, B = "sk-caller-a-0123456789", "sk-caller-b-0123456789"
 ADMIN = "admin-token-0123456789"
 ENVIRON = {"KEY_A": A, "KEY_B": B, "ADMIN": ADMIN}
-CONFIG = """
+SERVER = """
 server:
   admin_token_env: ADMIN
-  sessions: {{header: x-conversation}}
+  sessions: {header: x-conversation}
   passthrough: ['/v1/*']
-{keys}upstreams:
-  small: {{url: http://small.test/v1}}
-  large: {{url: http://large.test/v1}}
-policies:
-  auto:
-    questions: {{hard: {{type: noul}}}}
-    rules:
-      - {{name: hard, when: hard > 0.5, route: large}}
-      - {{name: default, route: small}}
 """
-KEYS = "  auth: {keys: [{name: a, key_env: KEY_A}, {name: b, key_env: KEY_B}]}\n"
 CLAUDE_USER = json.dumps({"device_id": "d-1", "account_uuid": "", "session_id": "5f0c1e9a-claude-session"})
 
 
@@ -107,17 +93,6 @@ PAIRS: list[tuple[str, bool, Credential, Credential]] = [
 ]
 
 
-def responder(name: str) -> Any:
-    count = [0]
-
-    def respond(request: httpx.Request) -> httpx.Response:
-        count[0] += 1
-        kind = "conv" if request.url.path == "/v1/conversations" else "resp"  # a conversation made, or a response
-        return httpx.Response(200, json={"id": f"{kind}_{name}_{count[0]}", "up": name})
-
-    return respond
-
-
 Pair = tuple[httpx.AsyncClient, Credential, Credential]
 SEEN: list[httpx.Request] = []  # what reached the upstreams, in order (the fixture empties it)
 
@@ -126,16 +101,8 @@ SEEN: list[httpx.Request] = []  # what reached the upstreams, in order (the fixt
 async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
     _, keys, first, second = request.param
     SEEN.clear()
-    with respx.mock(assert_all_called=False) as mock:
-        for name in ("small", "large"):
-            respond = responder(name)
-            mock.route(host=f"{name}.test").mock(side_effect=lambda r, respond=respond: SEEN.append(r) or respond(r))
-        app = create_app(parse_config(CONFIG.format(keys=KEYS if keys else ""), "c.yaml"), engine=FakeEngine(answers),
-                         transport=httpx.AsyncHTTPTransport(), environ=ENVIRON)  # fmt: skip
-        await app.startup()
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
-            yield client, first, second
-        await app.aclose()
+    async with serving(config_text(SERVER, keys), answers, ENVIRON, SEEN) as client:
+        yield client, first, second
 
 
 HIDDEN = ("x-d3-cache", "x-d3-answers", "x-d3-rule", "x-d3-decision-ms", "x-d3-upstream")
