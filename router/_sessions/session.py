@@ -10,9 +10,9 @@ header `server.sessions.header`, a coding agent's own conversation id (`server.s
 `x-claude-code-session-id`, Codex's `session-id` / `thread-id`), the body's `user`, `safety_identifier` or
 `prompt_cache_key` (chat, responses), `metadata.user_id` (messages; with `agent_ids`, the `session_id` inside
 Claude Code's), a Responses `previous_response_id` (the session of the response it continues, known from the answers
-this router relayed, streamed ones from their `response.created` event), and, with no id at all, the conversation's
-opening (its system prompt and first user turn, with a hash of the client's credential, so that two users' identical
-openings are two sessions).
+this router relayed, streamed ones from their `response.created` event) or `conversation`, and, with no id at all,
+the conversation's opening (its system prompt and first user turn, with a hash of the client's credential, so that
+two users' identical openings are two sessions).
 
 Agents open conversations inside their session (issue 26.4): Claude Code's sub-agent (the `Agent` tool) sends the
 parent's session id with an opening of its own, and a compacted history opens anew under the same id. A session
@@ -21,7 +21,8 @@ route and a hash of the opening that started it; a conversation with another ope
 (sticky, not decided anew) and keeps any route of its own (an escalation) under its own key, so that it never
 overwrites the route of the conversation that opened the session.
 Every key is scoped by the caller (issue 25.3: the client key's name, or a hash of the credential the request
-carries): two callers sending the same id, or continuing the same response id, never share a session. Keys are hashed
+carries): two callers sending the same id, or continuing the same response id, never share a session; a response
+or conversation relayed to one caller is refused to every other (router/_sessions/owners.py). Keys are hashed
 (BLAKE2, salted) before they are stored or logged; the store holds upstream names only.
 
 The session never replaces a guard: the policy decides every turn in full, and only a route is then replaced by the
@@ -220,7 +221,7 @@ class SessionTurn:
         self.ttl_s = settings.ttl_s  # how long the answer's record is kept (`remember`), whatever the mode
         stored = await self.stored(d3.policy, settings)
         if stored is None:
-            await self._may_continue(action.upstreams)
+            await self._check_owned(action.upstreams)
             return self._outcome(d3, "off", action.upstreams)
         key, previous, mark = stored
         if previous is None:
@@ -230,14 +231,19 @@ class SessionTurn:
             outcome, upstreams = "escalated", action.upstreams
         else:
             outcome, upstreams = "sticky", previous
-        await self._may_continue(upstreams)
+        await self._check_owned(upstreams)
         if outcome != "sticky" and not self.dry:
             await self.sessions.store.set(key, ",".join(upstreams) + mark, settings.ttl_s)
         return self._outcome(d3, outcome, upstreams)
 
-    async def _may_continue(self, upstreams: tuple[str, ...]) -> None:
-        """A Responses `conversation` is this caller's (router/_sessions/owners.py): 404 if another's, or, in the
-        proxy, one it never relayed, unless every upstream of the route is sent the caller's own credential."""
+    async def _check_owned(self, upstreams: tuple[str, ...]) -> None:
+        """What the request continues is this caller's, whatever found its session (or none): a `previous_response_id`
+        (`_continued`, unless the session was found by it), and a Responses `conversation` (router/_sessions/owners.py):
+        404 if another's, or, in the proxy, one it never relayed, unless every upstream of the route is sent the
+        caller's own credential."""
+        previous = self.body.get("previous_response_id")
+        if isinstance(previous, str) and previous and self.source != "previous_response_id":
+            await self._continued(previous)
         conversation = conversation_of(self.body)
         if conversation is not None:
             own = all(self.config.upstreams[name].forward_client_key for name in upstreams if name in

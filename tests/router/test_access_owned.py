@@ -126,3 +126,15 @@ async def test_a_stored_objects_path_spelled_otherwise_is_never_passed_through(
     response = await http.request(method, path, headers=A)
     assert response.status_code in (400, 404), response.text
     assert len(seen) == count
+
+
+@pytest.mark.parametrize("mode", ["sticky", "off"])
+async def test_another_callers_previous_response_id_is_refused_whatever_found_the_session(mode: str) -> None:
+    async for http in serving(ROUTER_KEY, mode=mode):
+        mine = (await http.post("/v1/responses", json={"model": "auto", "input": "hi"}, headers=A)).json()["id"]
+        body = {"model": "auto", "input": "thanks", "previous_response_id": mine, "user": "u-1"}  # `user` comes first
+        assert (await http.post("/v1/responses", json=body, headers=A)).status_code == 200
+        count = len(seen)
+        stranger = await http.post("/v1/responses", json=body, headers=B)
+        assert stranger.status_code == 400 and stranger.json()["error"]["code"] == "previous_response_not_found"
+        assert len(seen) == count
