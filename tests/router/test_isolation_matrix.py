@@ -7,7 +7,11 @@ Caller A opens a conversation that the engine sends to `large` and continues it 
 sends A's later turn with the same id: it is decided alone (`small`, a new session), its explain (the admin token,
 as B) shows no route of A's, it sees no cache state (`x-d3-cache`: A's identical decision is in the cache), and a
 Responses chain of A's is refused to it (400 previous_response_not_found): the upstream, called with the router's
-own key, would otherwise continue A's conversation for B.
+own key, would otherwise continue A's conversation for B. The same for what the upstream keeps: a Responses
+`conversation` A made (through `server.passthrough`) is A's session, and B naming it (either spelling), or one never
+made, is 404 in OpenAI's shape for the request and for explain, as are its paths (`/v1/conversations/{id}`, its
+items); A's stored response (`GET`/`DELETE /v1/responses/{id}`, `input_items`, `cancel`) is read from the upstream
+that made it for A only. Nothing of B's then reaches an upstream.
 """
 
 from __future__ import annotations
