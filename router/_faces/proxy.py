@@ -64,6 +64,7 @@ from router._faces.guarded import relay_judged
 from router._faces.lifecycle import Generation
 from router._faces.limits import build_limiter
 from router._faces.overlap import Overlap
+from router._faces.owned import owned
 from router._faces.parts import build_parts
 from router._faces.request import Decided, available
 from router._faces.translated import carry, unsigned
@@ -94,6 +95,7 @@ class ProxyApp(Endpoints):
         self.environ = dict(os.environ if environ is None else environ)
         self._owns_engine = engine is None
         self.service, self.sessions = build_parts(config, engine, self.environ)
+        self.sessions.relays = True  # upstreams called with the router's key: a conversation must be the caller's
         self.access = Access(config, self.environ, self.sessions.salt)
         self.limiter = build_limiter(self.sessions.store, wall_clock)  # wall-clock: replicas share Redis's limits
         self.budgets = build_budgets(self.sessions.store, wall_clock)  # token budgets and rates (issue 29.4)
@@ -304,7 +306,8 @@ class ProxyApp(Endpoints):
                     metrics.upstream_errors[(name, str(response.status_code))] += 1
                     failure = (502, f"upstream {name!r} answered {response.status_code}")
                     continue
-                remember = turn.remember if turn is not None and turn.wants_answer and response.is_success else None
+                remember = (functools.partial(turn.remember, upstream=name)
+                            if turn is not None and turn.wants_answer and response.is_success else None)  # fmt: skip
                 try:
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
                     if carried is not None:  # the answer in the client's API from here on
@@ -369,7 +372,9 @@ class ProxyApp(Endpoints):
             problem = unsafe_path(raw_path)
             if problem is not None:
                 raise BadRequest(f"the path holds {problem}; it is not forwarded")
-            endpoint = decided_path(raw_path, (*API_BY_PATH, *(p for _, p in self._routes)))
+            # A stored response or conversation: the caller's own only, at its upstream (router/_faces/owned.py).
+            target = await owned(self.sessions, config, scope["method"], raw_path, caller.id)
+            endpoint = None if target else decided_path(raw_path, (*API_BY_PATH, *(p for _, p in self._routes)))
             if endpoint is not None:  # however spelled, a decided endpoint is never passed through (issue 25.2)
                 raise NoRoute(f"no route for {scope['method']} {scope['path']}; {endpoint} is served as "
                               f"POST {endpoint} only")  # fmt: skip
@@ -380,19 +385,22 @@ class ProxyApp(Endpoints):
         except RequestError as exc:
             await request.fail(exc)
             return
-        name, upstream = next(iter(config.upstreams.items()))
+        name, upstream, remember = target or (*next(iter(config.upstreams.items())), None)
         path = raw_path.decode("latin-1").removeprefix("/v1")
-        await cancel_on_disconnect(receive, lambda: self._as_is(request, name, upstream, scope["method"], path, []))
+        await cancel_on_disconnect(receive, lambda: self._as_is(request, name, upstream, scope["method"], path, [],
+                                                                remember))  # fmt: skip
 
     async def _as_is(
-        self, request: Decided, name: str, upstream: UpstreamSettings, method: str, path: str, extra: Headers
-    ) -> None:
-        """Forward an undecided request untouched to one upstream; its failure is a 502/503/504 in its API's shape."""
+        self, request: Decided, name: str, upstream: UpstreamSettings, method: str, path: str, extra: Headers,
+        remember: Callable[[bytes], Awaitable[None]] | None = None,
+    ) -> None:  # fmt: skip
+        """Forward an undecided request untouched to one upstream (`remember` reads its successful answer); its
+        failure is a 502/503/504 in its API's shape."""
         response, failure = await self.forwarder.open(request.api, upstream, name, method, path, request.scope,
                                                       request.raw, [])  # fmt: skip
         if response is not None:
             try:
-                await relay(response, request.send, extra, name)
+                await relay(response, request.send, extra, name, remember if response.is_success else None)
                 return
             except UpstreamBroke as exc:
                 failure = (502, str(exc))
