@@ -32,13 +32,13 @@ from d3backend import DecisionEngine
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import Api
-from router._apis.registry import API_BY_PATH, APIS, error_api
+from router._apis.registry import APIS, error_api
 from router._apis.usage import UsageReader, metered
 from router._asgi.admission import FULL, Admission
 from router._asgi.answer import renaming
 from router._asgi.decoding import readable_accept_encoding
-from router._asgi.headers import Headers, content_length, encode_headers
-from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body
+from router._asgi.headers import Headers, encode_headers
+from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.engines import Environ
 from router._decision.record import D3Decision
@@ -46,7 +46,6 @@ from router._decision.service import After
 from router._errors import (
     BadRequest,
     Blocked,
-    ModelNotFound,
     NoRoute,
     Overloaded,
     RateLimited,
@@ -59,15 +58,15 @@ from router._faces.budgets import build_budgets
 from router._faces.counting import count_routes
 from router._faces.decisions import serve_decisions, serve_systemone
 from router._faces.endpoints import Endpoints, send_failure
-from router._faces.forward import Failure, Forwarder, allowed, decided_path, unsafe_path
+from router._faces.forward import Failure, Forwarder
 from router._faces.guarded import relay_judged
 from router._faces.lifecycle import Generation
 from router._faces.limits import build_limiter
 from router._faces.overlap import Overlap
-from router._faces.owned import owned
 from router._faces.parts import build_parts
-from router._faces.request import Decided, available
+from router._faces.request import Decided
 from router._faces.translated import carry, unsigned
+from router._faces.undecided import Undecided
 from router._observe import logs, tracing
 from router._observe.usage import Accounting, Spent, cost
 
@@ -127,6 +126,7 @@ class ProxyApp(Endpoints):
             ("GET", "/metrics"): self.metrics,
             ("POST", "/admin/reload"): self.admin_reload,
         }
+        self.undecided = Undecided(self.forwarder, self.sessions, lambda: self.service.snapshot, self._routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -165,7 +165,7 @@ class ProxyApp(Endpoints):
                 if handler is not None:
                     await handler(scope, receive, send, caller)
                 elif path.startswith("/v1/"):
-                    await self.passthrough(scope, receive, send, caller)
+                    await self.undecided.passthrough(scope, receive, send, caller)
                 else:
                     await send_failure(send, NoRoute(f"no route for {scope['method']} {path}"))
         except ClientDisconnected:
@@ -198,7 +198,7 @@ class ProxyApp(Endpoints):
             raise
         request.policy = policy = request.pick()
         if policy is None:
-            await cancel_on_disconnect(request.receive, lambda: self._undecided(request))
+            await cancel_on_disconnect(request.receive, lambda: self.undecided.model(request))
             return
         request.request_id = logs.request_id() or request.header(b"x-request-id") or uuid.uuid4().hex
         caller = request.caller.id
@@ -349,62 +349,6 @@ class ProxyApp(Endpoints):
         self.accounting.count(spent)
         if tokens.reported:
             await self.budgets.spend(caller, tokens.total, spent.cost)
-
-    async def _undecided(self, request: Decided) -> None:
-        """A model `server.undecided_models` lists (and no policy names) goes untouched to the upstream serving it."""
-        model, config = request.body.get("model"), request.config
-        for name, upstream in config.upstreams.items():
-            if isinstance(model, str) and model in (upstream.model, name):
-                tag = [(b"x-d3-upstream", name.encode("latin-1", "replace"))] if request.debug else []
-                await self._as_is(request, name, upstream, "POST", request.api.upstream_path, tag)
-                return
-        known = ", ".join(available(config, request.caller)) or "none"
-        await request.fail(ModelNotFound(f"the model {model!r} does not exist or this key may not use it; "
-                                         f"available: {known}"))  # fmt: skip
-
-    async def passthrough(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        """Other `/v1/*` requests: those `server.passthrough` lists go to the first upstream as they came (the path
-        as the client wrote it, once checked); others get 404. Errors in the path's API shape (`error_api`)."""
-        request = Decided(scope, receive, send, error_api(scope["path"]), self.service.snapshot, caller)
-        config = request.config
-        raw_path = (scope.get("raw_path") or scope["path"].encode("utf-8")).split(b"?")[0]
-        try:
-            problem = unsafe_path(raw_path)
-            if problem is not None:
-                raise BadRequest(f"the path holds {problem}; it is not forwarded")
-            # A stored response or conversation: the caller's own only, at its upstream (router/_faces/owned.py).
-            target = await owned(self.sessions, config, scope["method"], raw_path, caller.id)
-            endpoint = None if target else decided_path(raw_path, (*API_BY_PATH, *(p for _, p in self._routes)))
-            if endpoint is not None:  # however spelled, a decided endpoint is never passed through (issue 25.2)
-                raise NoRoute(f"no route for {scope['method']} {scope['path']}; {endpoint} is served as "
-                              f"POST {endpoint} only")  # fmt: skip
-            if not allowed(scope["path"], config.server.passthrough):
-                raise NoRoute(f"no route for {scope['method']} {scope['path']}; d3-router forwards only the paths "
-                              "server.passthrough lists")  # fmt: skip
-            request.raw = await read_body(receive, config.server.max_body_bytes, content_length(scope["headers"]))
-        except RequestError as exc:
-            await request.fail(exc)
-            return
-        name, upstream, remember = target or (*next(iter(config.upstreams.items())), None)
-        path = raw_path.decode("latin-1").removeprefix("/v1")
-        await cancel_on_disconnect(receive, lambda: self._as_is(request, name, upstream, scope["method"], path, [],
-                                                                remember))  # fmt: skip
-
-    async def _as_is(
-        self, request: Decided, name: str, upstream: UpstreamSettings, method: str, path: str, extra: Headers,
-        remember: Callable[[bytes], Awaitable[None]] | None = None,
-    ) -> None:  # fmt: skip
-        """Forward an undecided request untouched to one upstream (`remember` reads its successful answer); its
-        failure is a 502/503/504 in its API's shape."""
-        response, failure = await self.forwarder.open(request.api, upstream, name, method, path, request.scope,
-                                                      request.raw, [])  # fmt: skip
-        if response is not None:
-            try:
-                await relay(response, request.send, extra, name, remember if response.is_success else None)
-                return
-            except UpstreamBroke as exc:
-                failure = (502, str(exc))
-        await request.fail(UpstreamFailed(failure[1], status=failure[0]), extra)
 
 
 def create_app(config: Config, **kwargs: Any) -> ProxyApp:
