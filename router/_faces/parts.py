@@ -19,7 +19,8 @@ from router._sessions.store import build_store, shared_answers
 def build_parts(config: Config, engine: DecisionEngine | None, environ: Environ) -> tuple[RouterService, Sessions]:
     """The service (its metrics, and the engine: `engine`, else the configuration's when `config.needs_engine`: a
     policy asks questions or `engine` names a kind) and the sessions. With `server.redis`, Redis holds the sessions
-    and is the decision cache's second level (issue 12); else both stay in-process. The salt of the hashed keys is the same for both."""
+    and is the decision cache's second level (issue 12); else both stay in-process. The salt of the hashed keys is
+    the same for both."""
     metrics = Metrics()
     store, salt = build_store(config.server, metrics), session_salt(config.server, environ)
     if engine is None and config.needs_engine:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import httpx
 import openai
@@ -54,13 +55,11 @@ class Pool:
     forward_argv: list[str]
 
 
-def _serve(config: Path, port: int, folder: Path, name: str) -> subprocess.Popen[bytes]:
-    log = open(folder / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process, in _stop)
+def _serve(config: Path, port: int, folder: Path, name: str, logs: list[IO[bytes]]) -> subprocess.Popen[bytes]:
+    logs.append(open(folder / f"{name}.log", "wb"))  # closed by the fixture, after the process
     env = {**os.environ, "FAILOVER_API_KEY": "sk-failover", "TMPDIR": str(folder)}
-    process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
-    process.log = log  # type: ignore[attr-defined]
-    return process
+    return subprocess.Popen([sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
+                            stdout=logs[-1], stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -71,9 +70,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(10)
-    log = getattr(process, "log", None)
-    if log is not None:
-        log.close()
 
 
 def _forwarder(argv: list[str]) -> subprocess.Popen[bytes]:
@@ -108,9 +104,9 @@ def pool(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> I
     assert text.count(f":{d3_port}]") == text.count(f":{failover_port}/") == 1, "examples/pool.yaml's URLs moved"
     assert str(folder / "decisions.jsonl") in text, "examples/pool.yaml's decision log moved"
     (folder / "pool.yaml").write_text(text, encoding="utf-8")
-    forwards = [_forwarder(forward_argv)]
-    failover = _serve(folder / "failover.yaml", failover_port, folder, "failover")
-    router = _serve(folder / "pool.yaml", router_port, folder, "router")
+    forwards, logs = [_forwarder(forward_argv)], list[IO[bytes]]()
+    failover = _serve(folder / "failover.yaml", failover_port, folder, "failover", logs)
+    router = _serve(folder / "pool.yaml", router_port, folder, "router", logs)
     try:
         wait_until_ready(f"http://127.0.0.1:{failover_port}", failover, folder / "failover.log", 120)
         wait_until_ready(f"http://127.0.0.1:{router_port}", router, folder / "router.log", 120)
@@ -121,6 +117,8 @@ def pool(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> I
         _stop(failover)
         for forward in forwards:
             _kill(forward)
+        for log in logs:
+            log.close()
 
 
 def metric(router: str, name: str, **labels: str) -> float:
