@@ -62,9 +62,12 @@ def _serve(config: Path, port: int, folder: Path, name: str, logs: list[IO[bytes
                             stdout=logs[-1], stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
+def _stop(*processes: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to all at once (each drains for 5 s), then wait for each."""
+    running = [process for process in processes if process.poll() is None]
+    for process in running:
         os.killpg(process.pid, signal.SIGTERM)
+    for process in running:
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:
@@ -100,9 +103,10 @@ def pool(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> I
     text = (example.replace("http://127.0.0.1:8000]", f"http://127.0.0.1:{d3_port}]")  # d3: through the forwarder
             .replace("http://127.0.0.1:8000/v1", f"{vllm}/v1")  # the upstreams: vLLM itself
             .replace("http://127.0.0.1:8002/v1", f"http://127.0.0.1:{failover_port}/v1")
-            .replace("../.d3router/pool-decisions.jsonl", str(folder / "decisions.jsonl")))  # fmt: skip
+            .replace("../.d3router/pool-decisions.jsonl", str(folder / "decisions.jsonl"))
+            .replace("  default_policy: auto ", "  expose_decisions: true  # x-d3-engine\n  default_policy: auto "))  # fmt: skip
     assert text.count(f":{d3_port}]") == text.count(f":{failover_port}/") == 1, "examples/pool.yaml's URLs moved"
-    assert str(folder / "decisions.jsonl") in text, "examples/pool.yaml's decision log moved"
+    assert str(folder / "decisions.jsonl") in text and "expose_decisions" in text, "examples/pool.yaml's server moved"
     (folder / "pool.yaml").write_text(text, encoding="utf-8")
     forwards, logs = [_forwarder(forward_argv)], list[IO[bytes]]()
     failover = _serve(folder / "failover.yaml", failover_port, folder, "failover", logs)
@@ -113,8 +117,7 @@ def pool(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> I
         yield Pool(f"http://127.0.0.1:{router_port}", f"http://127.0.0.1:{failover_port}", folder / "decisions.jsonl",
                    forwards, forward_argv)  # fmt: skip
     finally:
-        _stop(router)
-        _stop(failover)
+        _stop(router, failover)
         for forward in forwards:
             _kill(forward)
         for log in logs:
@@ -151,14 +154,14 @@ def logged(log: Path, total: int) -> list[dict[str, object]]:
         time.sleep(0.05)
 
 
-def ask(client: openai.OpenAI, text: str) -> float:
-    """`client.decisions.create` on the pool's name: the predicate's probability."""
-    decision = client.decisions.create(
+def ask(client: openai.OpenAI, text: str) -> str:
+    """`client.decisions.create` on the pool's name: the engine that answered (`x-d3-engine`)."""
+    raw = client.decisions.with_raw_response.create(
         model=POOL, input=text, questions=[{"type": "predicate", "name": "sql", "instructions": "Is this about SQL?"}]
     )
-    (answer,) = decision.answers
-    assert answer.type == "predicate" and decision.model == SERVED_MODEL
-    return answer.probability
+    (answer,) = raw.parse().answers
+    assert answer.type == "predicate" and 0.0 <= answer.probability <= 1.0 and raw.parse().model == SERVED_MODEL
+    return raw.headers["x-d3-engine"]
 
 
 def test_the_failover_engine_decides_while_d3_is_down_and_the_log_and_metrics_say_which(pool: Pool) -> None:
@@ -174,7 +177,7 @@ def test_the_failover_engine_decides_while_d3_is_down_and_the_log_and_metrics_sa
         # d3 up: it decides, the failover is never asked
         decide(client, "Fix my SQL query, please")
         lines += 1
-        assert 0.0 <= ask(client, "Is SELECT * slow?") <= 1.0
+        assert ask(client, "Is SELECT * slow?") == "d3"
         (line,) = logged(pool.log, lines)
         assert (line["engine"], line["degraded"], line["rule"] in RULES) == ("d3", False, True)
         assert (answers("d3") - d3, answers("failover") - failover, served() - asked) == (2, 0, 0)
@@ -184,7 +187,7 @@ def test_the_failover_engine_decides_while_d3_is_down_and_the_log_and_metrics_sa
         decide(client, "Write a haiku about rain")
         decide(client, "Sort a list in Rust")  # d3 set aside: asked of the failover at once
         lines += 2
-        assert 0.0 <= ask(client, "Is a JOIN slower than a subquery?") <= 1.0
+        assert ask(client, "Is a JOIN slower than a subquery?") == "failover"
         for line in logged(pool.log, lines)[-2:]:
             assert (line["engine"], line["degraded"], line["rule"] in RULES) == ("failover", False, True), line
         assert (answers("d3") - d3, answers("failover") - failover, served() - asked) == (2, 3, 3)
@@ -196,11 +199,12 @@ def test_the_failover_engine_decides_while_d3_is_down_and_the_log_and_metrics_sa
         # d3 back: once its set-aside ends (and a probe returns its URL, if it was ejected), it decides again
         pool.forward.append(_forwarder(pool.forward_argv))
         deadline, count = time.monotonic() + 60, 0
-        while answers("d3") - d3 < 3:
+        while True:
+            count += 1
+            if ask(client, f"Is this about SQL? try {count}") == "d3":  # another input each time: never a cache hit
+                break
             assert time.monotonic() < deadline, "d3 did not come back within 60 s"
             time.sleep(0.5)
-            count += 1
-            ask(client, f"Is this about SQL? try {count}")  # another input each time: never a cache hit
         decide(client, "Explain a B-tree index")
         line = logged(pool.log, lines + 1)[-1]
         assert line["engine"] == "d3" and metric(pool.url, "d3router_engine_pool_set_aside", engine="d3") == 0
