@@ -184,3 +184,35 @@ async def test_an_engine_alone_adds_no_engine_header() -> None:
         finally:
             await app.aclose()
     assert chat.status_code == 200 and chat.headers["x-d3-rule"] == "code" and "x-d3-engine" not in chat.headers
+
+
+async def test_at_startup_each_engine_of_the_pool_that_fails_its_probe_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pool is ready when one engine answers its probe, so a failover with a wrong key, URL or model was found
+    only in an outage, when every decision ended in on_engine_error (serving examples/pool.yaml with the failover
+    down: not a line at startup). Now each engine is probed once at startup and each one that fails is logged."""
+    import logging
+
+    from router import create_app
+
+    server = DecisionsServer({})
+    server.status = 401
+    with respx.mock(assert_all_called=False) as mock:
+        mock.post("http://d3.test/v1/systemone").mock(return_value=systemone_ready())
+        async with pool(mock, server) as engine:
+            app = create_app(parse_config(CONFIG), engine=engine, transport=httpx.AsyncHTTPTransport())
+            try:
+                with caplog.at_level(logging.WARNING):
+                    await app.startup()
+                ready = app.ready
+            finally:
+                await app.aclose()
+    assert ready and len(server.requests) == 1  # ready (d3 answers), the failover probed once
+    (warning,) = [r for r in caplog.records if "cannot take over" in r.getMessage()]
+    assert "'decisions'" in warning.getMessage() and "401" in warning.getMessage()
+
+
+def systemone_ready() -> httpx.Response:
+    answer = {"type": "noul", "probabilities": {"yes": 0.5, "no": 0.5}, "confidence": 0.5}
+    return httpx.Response(200, json={"model": "d3", "answers": {"ready": answer}, "usage": {}})
