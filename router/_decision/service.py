@@ -206,7 +206,7 @@ class RouterService:
         as a policy's are: through the cache and single-flight, under `server.decision_timeout_s`, in an engine span,
         counted (cache, tokens, errors). Raises the `EngineError` (or `TimeoutError`) for the caller to answer."""
         if self.engine is None:
-            raise EngineUnavailable("no decision engine is configured: no policy asks questions")
+            raise EngineUnavailable("no decision engine is configured: set `engine` (no policy asks questions)")
         timeout_s = self.snapshot.config.server.decision_timeout_s
         try:
             with tracing.engine_span() as engine_span:
