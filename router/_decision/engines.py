@@ -10,6 +10,9 @@ from d3backend import (
     DecisionEngine,
     DecisionsEngine,
     EmbeddedEngine,
+    EngineError,
+    EngineTimeout,
+    EngineUnavailable,
     FailoverEngine,
     RemoteEngine,
     SharedCache,
@@ -76,3 +79,13 @@ async def start_engine(engine: DecisionEngine | None) -> None:
     inner = engine.engine if isinstance(engine, CachedEngine) else engine
     if isinstance(inner, EmbeddedEngine):
         await inner.start()
+
+
+def trouble(exc: EngineError) -> tuple[int, str]:
+    """What a caller is told of an engine failure: a status and a sentence naming no engine URL, host or model
+    (the details go to the operator's log; a caller learns nothing of the deployment)."""
+    if isinstance(exc, EngineTimeout):
+        return 504, "the decision engine did not answer in time"
+    if isinstance(exc, EngineUnavailable):
+        return 503, "cannot reach the decision engine"
+    return 502, "the decision engine gave an answer that could not be read"

@@ -20,6 +20,7 @@ with `server.expose_decisions` (issue 25.4).
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -40,8 +41,6 @@ from d3backend import (
     EngineError,
     EngineRefused,
     EngineRejected,
-    EngineTimeout,
-    EngineUnavailable,
     FailoverEngine,
     JSONValue,
     Noul,
@@ -57,9 +56,12 @@ from router._apis.body import read_request
 from router._apis.chat import CHAT
 from router._apis.state import DecisionState, Turn, build_state
 from router._asgi.messages import send_json
+from router._decision.engines import trouble
 from router._decision.service import RouterService
 from router._errors import BadRequest, ModelNotFound, RequestError, UpstreamFailed, answer
 from router._faces.auth import Caller
+
+logger = logging.getLogger(__name__)
 
 
 class Serves(Protocol):
@@ -319,11 +321,6 @@ def _systemone_question(qid: str, spec: Any, service: RouterService) -> Question
 
 
 # --- asking and answering -----------------------------------------------------------------------------------------
-_ENGINE_ERRORS: tuple[tuple[type[EngineError], int], ...] = (  # most specific first
-    (EngineTimeout, 504),
-    (EngineUnavailable, 503),
-    (EngineError, 502),  # a bad answer
-)
 
 
 async def _ask(
@@ -341,8 +338,9 @@ async def _ask(
         timeout = service.config.server.decision_timeout_s
         raise UpstreamFailed(f"no decision within server.decision_timeout_s ({timeout:g} s)", status=504) from None
     except EngineError as exc:
-        status = next(code for cls, code in _ENGINE_ERRORS if isinstance(exc, cls))
-        raise UpstreamFailed(str(exc), status=status) from None
+        logger.warning("a typed question's engine call failed: %s", exc)  # its URL for the operator, not the caller
+        status, message = trouble(exc)
+        raise UpstreamFailed(message, status=status) from None
 
 
 async def _answer(

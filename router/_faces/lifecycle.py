@@ -18,7 +18,7 @@ from starlette.types import Receive, Send
 from d3backend import CachedEngine, DecisionEngine, EngineError, FailoverEngine
 from policies import Config, ConfigError, load_config
 from router._asgi.admission import Admission
-from router._decision.engines import start_engine
+from router._decision.engines import start_engine, trouble
 from router._decision.service import RouterService
 from router._faces.auth import Access
 from router._faces.forward import Forwarder
@@ -109,7 +109,7 @@ class Lifecycle:
             if probe is not None:
                 await probe()
         except EngineError as exc:
-            self.ready, self.ready_error = False, str(exc)
+            self.ready, self.ready_error = False, trouble(exc)[1]  # public: /readyz names no engine URL
             logger.warning("the decision engine is not ready: %s; policies follow on_engine_error", exc)
             return False
         self.ready, self.ready_error = True, None

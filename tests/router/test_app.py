@@ -341,11 +341,11 @@ async def test_health_ready_and_metrics(client: httpx.AsyncClient) -> None:
 async def test_readyz_follows_the_engine(app: ProxyApp, client: httpx.AsyncClient, engine: FakeEngine) -> None:
     now = [0.0]
     app.clock = lambda: now[0]  # readyz probes at most once per server.readyz_interval_s (issue 25.4)
-    engine.error = EngineUnavailable("cannot reach the engine")  # type: ignore[assignment]
+    engine.error = EngineUnavailable("cannot reach the engine at http://10.1.2.3:8000")  # type: ignore[assignment]
     response = await client.get("/readyz")
-    assert (response.status_code, response.json()) == (
+    assert (response.status_code, response.json()) == (  # the public probe names no engine URL
         503,
-        {"status": "not ready", "reason": "cannot reach the engine"},
+        {"status": "not ready", "reason": "cannot reach the decision engine"},
     )
     engine.error = None
     assert (await client.get("/readyz")).status_code == 503  # the last probe's answer, within the interval

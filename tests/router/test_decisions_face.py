@@ -19,7 +19,9 @@ from d3backend import (
     Choice,
     ChoiceAnswer,
     DecisionsEngine,
+    EngineError,
     EngineTimeout,
+    EngineUnavailable,
     FakeEngine,
     Noul,
     RemoteEngine,
@@ -190,17 +192,30 @@ async def test_what_the_router_cannot_ask_is_an_openai_shaped_error(
     assert not fake.calls
 
 
-async def test_an_engine_timeout_is_a_504() -> None:
-    app = app_with(FakeEngine(error=EngineTimeout("the engine at d3 did not answer within 2 s"), model="d3-test"))
+@pytest.mark.parametrize(
+    ("error", "status", "message"),
+    [
+        (EngineTimeout("the engine at http://10.0.0.7:8000 did not answer within 2 s"), 504,
+         "the decision engine did not answer in time"),
+        (EngineUnavailable("cannot reach the engine at http://10.0.0.7:8000"), 503, "cannot reach the decision engine"),
+        (EngineError("http://10.0.0.7:8000 answered 200 with no answers"), 502,
+         "the decision engine gave an answer that could not be read"),
+    ],
+)  # fmt: skip
+async def test_an_engine_failure_is_its_status_naming_no_engine_url(
+    error: EngineError, status: int, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = app_with(FakeEngine(error=error, model="d3-test"))
     try:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
             response = await http.post("/v1/decisions", json={"model": "d3-test", "input": "x", "questions": QUESTIONS})
             metrics = (await http.get("/metrics")).text
     finally:
         await app.aclose()
-    assert response.status_code == 504
-    assert response.json()["error"]["message"] == "the engine at d3 did not answer within 2 s"
-    assert 'd3router_engine_errors_total{kind="EngineTimeout"} 1.0' in metrics
+    assert response.status_code == status and response.json()["error"]["message"] == message
+    assert "10.0.0.7" not in response.text, "the deployment's addresses are the operator's"
+    assert "10.0.0.7" in caplog.text, "the operator's log has the detail"
+    assert f'd3router_engine_errors_total{{kind="{type(error).__name__}"}} 1.0' in metrics
 
 
 async def test_a_refusal_from_a_decisions_engine_behind_is_served_as_a_refusal() -> None:

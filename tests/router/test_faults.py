@@ -212,7 +212,7 @@ def test_serve_starts_with_the_engine_down(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline and process.poll() is None, "serve did not start"
                 time.sleep(0.2)
         assert ready.status_code == 503
-        assert "cannot reach the engine" in ready.json()["reason"]
+        assert ready.json()["reason"] == "cannot reach the decision engine", "no engine URL to a caller"
         assert httpx.get(f"{url}/healthz", timeout=2).status_code == 200
         routed = httpx.post(f"{url}/v1/chat/completions", timeout=10,
                             json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
