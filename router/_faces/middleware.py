@@ -21,6 +21,8 @@ The caller (issue 25): `caller=` a function of the scope giving its name (None: 
 authentication (`scope["user"]`, as Starlette's AuthenticationMiddleware sets it, placed outside this one), else
 `server.auth`'s keys, else a salted hash of the credential the request carries. Its id scopes its sessions and its
 decision log line; its key's rate limits apply.
+A policy's `overlap:` (issue 31) calls the app at once, while the engine decides, its answer held until the decision is
+in (router/_faces/overlapped.py): only for handlers that are safe to start and cancel (docs/overlap.md).
 Sessions work as in the proxy (issue 12): a later turn's route is its session's (`d3.session` says new, sticky,
 escalated or off), guards still decide every turn, and with `server.redis` the sessions and a second-level decision
 cache are shared with the other replicas. The engine starts with the app's lifespan (or on first use).
