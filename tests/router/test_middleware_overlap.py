@@ -41,6 +41,7 @@ class Call:
     rule: str
     pending: bool  # it saw the expected decision at request.state.d3, not yet the engine's
     at: float
+    route: tuple[str, ...]
     cancelled_at: float | None = None
     finished: bool = False
 
@@ -54,7 +55,8 @@ class Handler:
         sent = await request.json()
         d3 = request.state.d3
         text = sent["messages"][0]["content"]
-        call = Call(text, d3.decision.rule, d3.overlap.get("outcome") == "pending", time.monotonic())
+        route = tuple(getattr(d3.decision.action, "upstreams", ()))
+        call = Call(text, d3.decision.rule, d3.overlap.get("outcome") == "pending", time.monotonic(), route)
         self.calls.append(call)
         try:
             await asyncio.sleep(5.0 if "slow" in text else 0.02)
@@ -84,13 +86,14 @@ class Handler:
             raise
 
 
-def config(extra: str = "", overlap: str = "{when: always}") -> str:
+def config(extra: str = "", overlap: str = "{when: always}", session: str = "off", guard: str = "") -> str:
     return f"""
 server: {{expose_decisions: true{extra}}}
 upstreams: {{a: {{url: "http://127.0.0.1:1/v1"}}, b: {{url: "http://127.0.0.1:2/v1"}}}}
 policies:
   auto:
     overlap: {overlap}
+    session: {{mode: {session}}}
     questions:
       j: {{type: noul}}
       k: {{type: choice, criteria: {{small: small, big: big, hot: hot, tagged: tagged}}}}
@@ -100,7 +103,7 @@ policies:
       - {{name: hot, when: 'k == "hot"', route: a, set: {{temperature: 0.5}}}}
       - {{name: tagged, when: 'k == "tagged"', route: a, tag: {{x-team: blue}}}}
       - {{name: default, route: a}}
-"""
+{guard}"""
 
 
 def served(engine: Timed, handler: Handler, text: str | None = None) -> tuple[Served, D3RouterMiddleware]:
@@ -251,7 +254,7 @@ def test_metrics_and_the_decision_log_count_the_outcomes_and_the_wasted_tokens(t
 
 def test_sticky_without_a_session_never_starts_the_app_early() -> None:
     engine, handler = Timed(DECISION_S), Handler()
-    text = config(overlap="{when: sticky}").replace("    overlap:", "    session: {mode: sticky}\n    overlap:")
+    text = config(overlap="{when: sticky}", session="sticky")
     proxy, middleware = served(engine, handler, text)
     with proxy:
         raw = post(proxy.port, "hello")
@@ -259,3 +262,32 @@ def test_sticky_without_a_session_never_starts_the_app_early() -> None:
     (call,) = handler.calls
     assert not call.pending and call.at > engine.done_at[0]
     assert "d3router_speculations_started_total" not in middleware.service.metrics.render()
+
+
+def test_sticky_speculates_on_the_sessions_route() -> None:
+    engine, handler = Timed(DECISION_S), Handler()
+    proxy, _ = served(engine, handler, config(overlap="{when: sticky}", session="sticky"))
+    with proxy:
+        session = {"x-session-id": "s1"}
+        first = raw_post(proxy.port, PATH, body("chat", "elsewhere", False), session)  # routed to b: stored
+        later = raw_post(proxy.port, PATH, body("chat", "hello", False), session)  # sticky on b
+        blocked = raw_post(proxy.port, PATH, body("chat", "forbidden", False), session)
+    assert header_of(first, "x-d3-speculative") == "none" and header_of(later, "x-d3-speculative") == "used"
+    assert header_of(later, "x-d3-session") == "sticky"
+    assert status_of(blocked) == 403 and MARK.encode() not in blocked  # the session never replaces a guard
+    assert [(call.route, call.pending) for call in handler.calls] == [(("b",), False), (("b",), True), (("b",), True)]
+    assert handler.calls[1].at < engine.done_at[1]
+
+
+def test_an_answer_guard_judges_the_released_answer() -> None:
+    engine, handler = Timed(DECISION_S), Handler()
+    guard = """    answer:
+      questions: {leak: {type: noul}}
+      rules: [{name: no-leak, when: leak > 0.5, block: {status: 451, message: withheld}}]
+"""
+    engine.answers = lambda state, questions: {"leak": 0.9} if "leak" in questions else Timed.table(state, questions)
+    proxy, _ = served(engine, handler, config(guard=guard))
+    with proxy:
+        raw = post(proxy.port, "hello")
+    assert status_of(raw) == 451 and MARK.encode() not in raw
+    assert header_of(raw, "x-d3-speculative") == "used" and len(handler.calls) == 1
