@@ -291,3 +291,17 @@ def test_an_answer_guard_judges_the_released_answer() -> None:
         raw = post(proxy.port, "hello")
     assert status_of(raw) == 451 and MARK.encode() not in raw
     assert header_of(raw, "x-d3-speculative") == "used" and len(handler.calls) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
+def test_fastapi_with_add_middleware_holds_and_releases(stream: bool) -> None:
+    fastapi = pytest.importorskip("fastapi", reason="FastAPI comes with the test extra")
+    engine, handler = Timed(DECISION_S), Handler()
+    app = fastapi.FastAPI()
+    app.add_middleware(D3RouterMiddleware, config=parse_config(config()), engine=engine)
+    app.post(PATH)(handler.endpoint)
+    with Served(app) as proxy:
+        blocked, used = post(proxy.port, "forbidden", stream), post(proxy.port, "hello", stream)
+    assert status_of(blocked) == 403 and MARK.encode() not in blocked
+    assert status_of(used) == 200 and MARK.encode() in used and header_of(used, "x-d3-speculative") == "used"
+    assert [call.pending for call in handler.calls] == [True, True]
