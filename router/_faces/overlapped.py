@@ -152,6 +152,8 @@ class Client:
     async def aclose(self) -> None:
         self._task.cancel()
         await asyncio.wait([self._task])
+        if not self._task.cancelled() and self._task.exception() is not None:  # retrieved: the request is over
+            logger.debug("reading the client's receive failed", exc_info=self._task.exception())
 
 
 class AppSpeculation(Expectation):
@@ -238,6 +240,7 @@ async def overlapped(middleware: Middleware, request: Decided) -> None:
             await asyncio.wait([decision, left], return_when=asyncio.FIRST_COMPLETED)
         finally:
             left.cancel()
+            await asyncio.wait([left])
         if not decision.done():  # the client left first: nothing to answer
             return
         send = decision.result()  # a block or a failure raises, the call cancelled already
