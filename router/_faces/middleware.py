@@ -21,6 +21,8 @@ The caller (issue 25): `caller=` a function of the scope giving its name (None: 
 authentication (`scope["user"]`, as Starlette's AuthenticationMiddleware sets it, placed outside this one), else
 `server.auth`'s keys, else a salted hash of the credential the request carries. Its id scopes its sessions and its
 decision log line; its key's rate limits apply.
+A policy's `overlap:` (issue 31) calls the app at once, while the engine decides, its answer held until the decision is
+in (router/_faces/overlapped.py): only for handlers that are safe to start and cancel (docs/overlap.md).
 Sessions work as in the proxy (issue 12): a later turn's route is its session's (`d3.session` says new, sticky,
 escalated or off), guards still decide every turn, and with `server.redis` the sessions and a second-level decision
 cache are shared with the other replicas. The engine starts with the app's lifespan (or on first use).
@@ -39,7 +41,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from d3backend import DecisionEngine
-from policies import Block, Config, load_config
+from policies import Block, Config, Policy, load_config
 from router._apis.body import read_request
 from router._apis.registry import APIS
 from router._asgi.admission import FULL, Admission
@@ -48,11 +50,13 @@ from router._asgi.headers import encode_headers
 from router._asgi.messages import ClientDisconnected, drain
 from router._asgi.relay import BUFFER_LIMIT
 from router._decision.engines import start_engine
+from router._decision.service import After
 from router._errors import Blocked, Overloaded, RequestError, Unauthorized
 from router._faces.auth import Access, Caller
 from router._faces.guarded import Judging
 from router._faces.lifecycle import open_decision_log
 from router._faces.limits import build_limiter
+from router._faces.overlapped import closed, overlapped
 from router._faces.parts import build_parts
 from router._faces.request import Decided
 from router._observe import gcpauses
@@ -105,36 +109,50 @@ class D3RouterMiddleware:
             return
         with ticket:  # the body is held until the app has answered
             try:
-                app_send = await self._decide(request)
+                policy = await self._read(request)
+                if policy is not None and policy.overlap is not None:  # the app starts while the engine decides
+                    await overlapped(self, request)  # router/_faces/overlapped.py
+                    return
+                app_send = request.send if request.turn is None else await self._decision(request, request.turn.route)
             except RequestError as exc:
                 d3 = request.d3
                 await request.fail(exc, encode_headers(d3.headers(full=request.debug)) if d3 is not None else None)
                 return
             except ClientDisconnected:
                 return  # gone while sending its body: nothing to decide, no one to answer
-            # Only the router tags its decisions: a client's own x-d3-* headers never reach the app.
-            headers = [(k, v) for k, v in scope["headers"] if not k.startswith(b"x-d3-")]
-            try:
-                await self.app({**scope, "headers": headers}, _replay(request.raw, receive), app_send)
-            finally:
-                judging = getattr(app_send, "__self__", None)  # the answer guard's `Judging.send`
-                if isinstance(judging, Judging):
-                    await judging.aclose()
+            await self._call(request, app_send, _replay(request.raw, receive))
 
-    async def _decide(self, request: Decided) -> Send:
-        """Decide `request`: the `send` the app answers through, the decision at `request.state.d3` (undecided:
-        the client's own); a `RequestError` is answered instead."""
+    def _app_scope(self, request: Decided) -> Scope:
+        """The scope the app gets: only the router tags its decisions, a client's own x-d3-* headers never reach it."""
+        scope = request.scope
+        return {**scope, "headers": [(k, v) for k, v in scope["headers"] if not k.startswith(b"x-d3-")]}
+
+    async def _call(self, request: Decided, send: Send, receive: Receive) -> None:
+        try:
+            await self.app(self._app_scope(request), receive, send)
+        finally:
+            await closed(send)  # an answer guard still judging is stopped
+
+    async def _read(self, request: Decided) -> Policy | None:
+        """Read the body and pick its policy; None: server.undecided_models lists it, the app sees it as it came."""
         config = request.config
         request.raw, request.body = await read_request(request.scope, request.receive, config.server.max_body_bytes)
         request.policy = policy = request.pick()
-        if policy is None:  # server.undecided_models lists it: the app sees the request as it came
-            return request.send
+        if policy is None:
+            return None
         await self._start()
-        caller = request.caller.id
-        request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
-                                                 caller=caller)  # fmt: skip
+        request.turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
+                                          caller=request.caller.id)  # fmt: skip
+        return policy
+
+    async def _decision(self, request: Decided, after: After) -> Send:
+        """Decide `request` (`after` changes the decision before it is logged): the `send` the app answers through,
+        the decision at `request.state.d3`; a block raises `Blocked`, answered instead."""
+        policy, turn = request.policy, request.turn
+        if policy is None or turn is None:  # set by `_read`
+            raise RuntimeError("a decision needs the request's policy and session turn")
         request.d3 = d3 = await self.service.decide(policy, request.body, api=request.api, snapshot=request.snapshot,
-                                                    after=turn.route, caller=caller,
+                                                    after=after, caller=request.caller.id,
                                                     caller_facts=request.caller.facts)  # fmt: skip
         action = d3.decision.action
         if isinstance(action, Block):

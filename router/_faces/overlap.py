@@ -108,19 +108,20 @@ class Overlap:
             await speculation.discard()
 
 
-class Speculation:
-    """One request's speculative upstream request: started, then judged against the decision, taken or cancelled."""
+class Expectation:
+    """What a request's decision is expected to be, when its policy lets it be speculated on, and the decision judged
+    against it: the part the proxy's speculation (`Speculation`, an upstream request) and the middleware's
+    (router/_faces/overlapped.py, the app's handler) share. A subclass starts its work after `expect`, says so with
+    `started`, and cancels it in `cancel`."""
 
-    def __init__(self, overlap: Overlap, request: Decided) -> None:
-        self.overlap = overlap
+    def __init__(self, sessions: Sessions, metrics: Callable[[], Metrics], request: Decided) -> None:
+        self.sessions = sessions
+        self.metrics = metrics
         self.request = request
         self.expected: Decision | None = None  # what the speculation assumes the decision will send
-        self.task: asyncio.Task[Opened] | None = None
         self.outcome: str | None = None
-        self.whole: bytes | None = None  # a plain body read whole while the decision was pending
         self.agreed_key: str | None = None
         self.agreed = 0
-        self._taken = False
         self._counted = False
 
     @property
@@ -129,31 +130,107 @@ class Speculation:
             raise RuntimeError("a speculation needs the request's policy")
         return self.request.policy
 
-    async def start(self) -> None:
-        """Work out the expected route; start the upstream request on it when the policy's `when` allows."""
-        policy, request, turn = self.policy, self.request, self.request.turn
+    @property
+    def started(self) -> bool:
+        return False
+
+    async def expect(self) -> Route | None:
+        """Work out the expected route: it, when the policy's `when` allows speculating on it, else None."""
+        policy, turn = self.policy, self.request.turn
         settings = policy.overlap
         if settings is None or not policy.questions:  # a walk without the engine is decided at once
-            return
+            return None
         stored = None
         if turn is not None and policy.session.mode != "off":
             stored = await turn.stored(policy.name, policy.session)
         route = stored[1] if stored is not None else None
         if settings.when == "sticky" and route is None:
-            return
+            return None
         self.expected = policy.expected(route or ((settings.route,) if settings.route else None))
         if settings.when == "agreeing":
             if stored is None or turn is None or turn.key is None:
                 self.expected = None  # no session: nothing to count agreements in
-                return
+                return None
             self.agreed_key = f"d3:overlap:{policy.name}:{turn.key}"
-            count = await self.overlap.sessions.store.get(self.agreed_key, policy.session.ttl_s)
+            count = await self.sessions.store.get(self.agreed_key, policy.session.ttl_s)
             self.agreed = int(count) if count and count.isdigit() else 0
             if self.agreed < settings.agreed:
-                return
+                return None
         action = self.expected.action
-        if not isinstance(action, Route):  # `expected` routes; a block is never speculated on
+        return action if isinstance(action, Route) else None  # `expected` routes; a block is never speculated on
+
+    def judge(self, expected: Decision, decision: Decision) -> str:
+        return judge(expected, decision)
+
+    async def after(self, d3: D3Decision) -> D3Decision:
+        """The decision's `after`: the session's route first, then the judgement; a decision that does not agree
+        cancels the speculation now, before anything is answered."""
+        turn, policy = self.request.turn, self.policy
+        if turn is not None:
+            d3 = await turn.route(d3)
+        expected = self.expected
+        if expected is None:
+            return d3 if policy.overlap is None else _with(d3, {"outcome": "none"})
+        outcome = self.judge(expected, d3.decision)
+        if self.agreed_key is not None:
+            count = self.agreed + 1 if outcome == "used" else 0
+            await self.sessions.store.set(self.agreed_key, str(count), policy.session.ttl_s)
+        if not self.started:
+            return _with(d3, {"outcome": "none"})
+        self.outcome = outcome
+        action = expected.action
+        record: dict[str, Any] = {"outcome": outcome,
+                                  "upstream": action.upstreams[0] if isinstance(action, Route) else None}  # fmt: skip
+        if outcome != "used":
+            await self.cancel()
+            record["wasted_tokens"] = self._wasted()
+        self._count(outcome)
+        return _with(d3, record)
+
+    async def cancel(self) -> None:
+        """Cancel the speculation's work (idempotent)."""
+
+    async def discard(self) -> None:
+        """The request ended: a speculation never judged was abandoned; none stays running."""
+        if self.started and self.outcome is None:
+            self._count("abandoned")
+        await self.cancel()
+
+    def _wasted(self) -> dict[str, int] | None:
+        return None
+
+    def _count(self, outcome: str) -> None:
+        if self._counted:
             return
+        self._counted = True
+        found = counters(self.metrics())
+        found.outcomes[(self.policy.name, outcome)] += 1
+        tokens = self._wasted() if outcome != "used" else None
+        if tokens is not None:
+            found.wasted_tokens[(self.policy.name, "input")] += tokens["input"]
+            found.wasted_tokens[(self.policy.name, "output")] += tokens["output"]
+
+
+class Speculation(Expectation):
+    """One request's speculative upstream request: started, then judged against the decision, taken or cancelled."""
+
+    def __init__(self, overlap: Overlap, request: Decided) -> None:
+        super().__init__(overlap.sessions, overlap.metrics, request)
+        self.overlap = overlap
+        self.task: asyncio.Task[Opened] | None = None
+        self.whole: bytes | None = None  # a plain body read whole while the decision was pending
+        self._taken = False
+
+    @property
+    def started(self) -> bool:
+        return self.task is not None
+
+    async def start(self) -> None:
+        """Start the upstream request on the expected route, when the policy's `when` allows."""
+        action = await self.expect()
+        if action is None or self.expected is None:
+            return
+        request, turn = self.request, self.request.turn
         name = action.upstreams[0]
         upstream = request.config.upstreams[name]
         # Exactly what `ProxyApp._route` would send on this route with these tags and this `set`.
@@ -164,7 +241,7 @@ class Speculation:
         tags = encode_headers(self.expected.tags.items())
         if turn is not None and turn.wants_answer:
             tags += readable_accept_encoding(request.scope["headers"])
-        counters(self.overlap.metrics()).started[policy.name] += 1
+        counters(self.metrics()).started[self.policy.name] += 1
         self.task = asyncio.ensure_future(self._open(name, payload, tags))
 
     async def _open(self, name: str, payload: bytes, tags: list[tuple[bytes, bytes]]) -> Opened:
@@ -204,31 +281,6 @@ class Speculation:
             error = exc  # raised where it happened, to whoever reads the body
         response.stream = Replay(chunks, rest, error, inner)  # type: ignore[arg-type]
 
-    async def after(self, d3: D3Decision) -> D3Decision:
-        """The decision's `after`: the session's route first, then the judgement; a decision that does not agree
-        cancels the speculation now, before anything is answered."""
-        turn, policy = self.request.turn, self.policy
-        if turn is not None:
-            d3 = await turn.route(d3)
-        expected = self.expected
-        if expected is None:
-            return d3 if policy.overlap is None else _with(d3, {"outcome": "none"})
-        outcome = judge(expected, d3.decision)
-        if self.agreed_key is not None:
-            count = self.agreed + 1 if outcome == "used" else 0
-            await self.overlap.sessions.store.set(self.agreed_key, str(count), policy.session.ttl_s)
-        if self.task is None:
-            return _with(d3, {"outcome": "none"})
-        self.outcome = outcome
-        action = expected.action
-        record: dict[str, Any] = {"outcome": outcome,
-                                  "upstream": action.upstreams[0] if isinstance(action, Route) else None}  # fmt: skip
-        if outcome != "used":
-            await self.cancel()
-            record["wasted_tokens"] = self._wasted()
-        self._count(outcome)
-        return _with(d3, record)
-
     def take(self, name: str) -> Awaitable[Opened] | None:
         """The speculative request's response for the route's first attempt on `name`, if the decision agreed."""
         if self.task is None or self.outcome != "used" or self._taken or self.expected is None:
@@ -251,24 +303,6 @@ class Speculation:
             response = task.result()[0]
             if response is not None:
                 await response.aclose()
-
-    async def discard(self) -> None:
-        """The request ended: a speculation never judged was abandoned; none stays open (a taken response is closed
-        by its relay; closing again does nothing)."""
-        if self.task is not None and self.outcome is None:
-            self._count("abandoned")
-        await self.cancel()
-
-    def _count(self, outcome: str) -> None:
-        if self._counted:
-            return
-        self._counted = True
-        found = counters(self.overlap.metrics())
-        found.outcomes[(self.policy.name, outcome)] += 1
-        tokens = self._wasted() if outcome != "used" else None
-        if tokens is not None:
-            found.wasted_tokens[(self.policy.name, "input")] += tokens["input"]
-            found.wasted_tokens[(self.policy.name, "output")] += tokens["output"]
 
     def _wasted(self) -> dict[str, int] | None:
         """The cancelled request's tokens, from the usage of a body that had come whole; None when unknown."""
