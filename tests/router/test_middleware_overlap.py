@@ -27,7 +27,7 @@ from tests.router._overlap_peers import MARK, WAIT_S, header_of, raw_post, statu
 from tests.router.test_overlap import Timed, body, wait_for
 from tests.router.test_sockets import Served
 
-DECISION_S = 0.3  # the app answers in 0.02 s: long before the decision is in
+DECISION_S = 0.6  # the app answers in 0.02 s: long before the decision is in (a margin for a loaded machine)
 CHUNK = 64 * 1024
 CHUNKS = 128  # an endless stream's chunks: 8 MiB, eight times what is held before the decision
 PATH = "/v1/chat/completions"
@@ -142,7 +142,7 @@ def test_the_apps_handler_is_cancelled_at_once_on_a_block() -> None:
         took = time.monotonic() - started
     assert status_of(raw) == 403 and took < 2.0
     (call,) = handler.calls
-    assert call.cancelled_at is not None and call.cancelled_at - engine.done_at[0] < 0.5
+    assert call.cancelled_at is not None and call.cancelled_at - engine.done_at[0] < 1.5
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
@@ -242,7 +242,7 @@ def test_metrics_and_the_decision_log_count_the_outcomes_and_the_wasted_tokens(t
     assert 'd3router_speculations_started_total{policy="auto"} 3.0' in metrics
     for outcome in ("used", "blocked", "rerouted"):
         assert f'd3router_speculations_total{{outcome="{outcome}",policy="auto"}} 1.0' in metrics
-    # The blocked and the rerouted answers had come whole (0.02 s) before the decision (0.3 s): their usage counts.
+    # The blocked and the rerouted answers had come whole (0.02 s) before the decision (0.6 s): their usage counts.
     assert 'd3router_speculation_wasted_tokens_total{kind="input",policy="auto"} 22.0' in metrics
     assert 'd3router_speculation_wasted_tokens_total{kind="output",policy="auto"} 14.0' in metrics
     assert wait_for(lambda: log.exists() and len(log.read_text().splitlines()) == 3)
