@@ -138,6 +138,11 @@ class ErrorShape(Protocol):
               ) -> bytes: ...  # fmt: skip
 
 
+# The openai and anthropic SDKs retry a 429 by default and sleep its whole Retry-After (the anthropic SDK at any
+# length); past this, the answer also says `x-should-retry: false`, which both honour: the caller sees the error now.
+SDK_WAIT_S = 60
+
+
 def error_type(exc: RequestError) -> str:
     return next(type_ for cls, type_ in ERROR_TYPES if isinstance(exc, cls))
 
@@ -148,6 +153,8 @@ def answer(exc: RequestError, api: ErrorShape) -> tuple[int, bytes, list[tuple[b
     headers = [(b"retry-after", str(RETRY_AFTER_S).encode())] if exc.status == 503 else []
     if isinstance(exc, RateLimited):
         headers = [(b"retry-after", str(exc.retry_after_s).encode())]
+        if exc.retry_after_s > SDK_WAIT_S:  # a budget until tomorrow: the SDKs would sleep that long, then fail
+            headers.append((b"x-should-retry", b"false"))
     elif isinstance(exc, Unauthorized):
         headers = [(b"www-authenticate", b'Bearer realm="d3-router"')]  # RFC 6750 3
     return exc.status, body, headers

@@ -4,6 +4,7 @@ process, token rates, cost budgets, the periods and Redis down."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,11 +14,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import httpx2
+import openai
 import pytest
 
 from d3backend import free_port
-from policies import BudgetSpec, TokenRateSpec
+from policies import BudgetSpec, TokenRateSpec, parse_config
+from router import create_app
 from router._errors import RateLimited
 from router._faces.auth import Caller
 from router._faces.budgets import Budgets, limits
@@ -154,3 +159,38 @@ def test_periods_end_at_utc_midnight_and_the_months_first() -> None:
     assert month.key == "d3:budget:key:x:tokens:month:202701"
     assert month.resets_at == 1_801_440_000.0  # 2027-02-01T00:00:00Z
     assert limits(Caller("anon:abc"), now) == []
+
+
+@pytest.mark.anyio
+async def test_a_budget_used_up_until_tomorrow_is_told_to_the_sdks_at_once() -> None:
+    """Both SDKs retry a 429, sleeping its whole Retry-After (the anthropic SDK at any length): a budget that resets
+    in hours says `x-should-retry: false`, so that a client with its default retries gets the error now, once."""
+    config = parse_config("""
+server:
+  default_policy: auto
+  auth: {keys: [{name: alice, key_env: ALICE_KEY, budget: {tokens: 10, period: day}}]}
+upstreams: {up: {url: http://up.test/v1}}
+policies: {auto: {rules: [{name: default, route: up}]}}
+""")
+    morning = 1_800_000_000.0  # 2027-01-15T08:00:00Z: the budget resets in 16 hours
+    app = create_app(config, environ={"ALICE_KEY": "sk-alice-0123456789abcdef"}, wall_clock=lambda: morning)
+    seen: list[str] = []
+
+    async def note(request: httpx2.Request) -> None:
+        seen.append(request.url.path)
+
+    await app.budgets.spend(Caller("key:alice", "alice", budget=BudgetSpec(tokens=10, period="day")), 10, None)
+    hooks = {"request": [note]}
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), event_hooks=hooks) as client:
+        gpt = openai.AsyncOpenAI(base_url="http://router/v1", api_key="sk-alice-0123456789abcdef", http_client=client)
+        claude = anthropic.AsyncAnthropic(base_url="http://router", api_key="sk-alice-0123456789abcdef",
+                                          http_client=client)  # fmt: skip
+        turn = [{"role": "user", "content": "hi"}]
+        with pytest.raises(openai.RateLimitError, match="daily token budget is used up") as refused:
+            await asyncio.wait_for(gpt.chat.completions.create(model="auto", messages=turn), timeout=30)  # type: ignore[arg-type]
+        assert refused.value.response.headers["x-should-retry"] == "false"
+        assert int(refused.value.response.headers["retry-after"]) == 16 * 3600
+        with pytest.raises(anthropic.RateLimitError, match="daily token budget is used up"):
+            await asyncio.wait_for(claude.messages.create(model="auto", max_tokens=5, messages=turn), timeout=30)  # type: ignore[arg-type]
+    await app.aclose()
+    assert seen == ["/v1/chat/completions", "/v1/messages"], "each asked once: no retry"
