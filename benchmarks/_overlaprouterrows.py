@@ -1,7 +1,7 @@
 """The router benchmark's overlap rows (issue 31.4): time to first byte the router adds with and without overlap,
 side by side in one run, on the four client APIs, plain and streamed. A row family (benchmarks/_families.py):
 
-    python -m benchmarks.router --no-engine --only overlap            # or --only "overlap, chat" for one API
+    python -m benchmarks.router --no-engine --only overlap            # or --only "overlap, Chat" for one API
 
 An upstream of the family's own whose every answer waits `FIRST_MS` (a model's time to first token:
 benchmarks/_upstream.py `--first-ms`), and two d3router processes with a fake engine taking `ENGINE_MS` a decision,
@@ -34,11 +34,15 @@ COLUMNS = ["first byte added p50 ms", "added vs no overlap"]
 ENGINE_MS, FIRST_MS = 40, 300  # the issue's figures: a decision of 40 ms, an upstream's first token after 300 ms
 DIRECT, NONE, OVERLAP = "upstream direct", "d3router, no overlap", "d3router, overlap"
 POLICIES = {NONE: "mix", OVERLAP: "overlap"}  # benchmarks/_proxy.py `--policy`
+# The APIs as row names spell them: capitalised, as the translation rows', so that `--only messages` (the cache-hit
+# rows of an API) does not pick these too.
+TITLES = {"chat": "Chat", "responses": "Responses", "messages": "Messages", "completions": "Completions"}
+APIS_BY_TITLE = {title: api for api, title in TITLES.items()}
 
 
 def row(api: str, target: str, stream: bool = False) -> str:
     """A row's name: `overlap, API: TARGET`, streamed ones with the "stream, " prefix."""
-    return f"{'stream, ' * stream}overlap, {api}: {target}"
+    return f"{'stream, ' * stream}overlap, {TITLES[api]}: {target}"
 
 
 def _chosen(only: list[str]) -> list[str]:
@@ -89,8 +93,8 @@ def rows(run: Run) -> list[dict[str, Any]]:
 def _parts(name: str) -> tuple[str, str, bool]:
     """A row name's API, target and whether it is streamed (`row()` backwards)."""
     prefix, _, rest = name.partition("overlap, ")
-    api, _, target = rest.partition(": ")
-    return api, target, prefix == "stream, "
+    title, _, target = rest.partition(": ")
+    return APIS_BY_TITLE.get(title, ""), target, prefix == "stream, "
 
 
 def summary(found: list[dict[str, Any]]) -> dict[str, str]:
@@ -101,7 +105,7 @@ def summary(found: list[dict[str, Any]]) -> dict[str, str]:
         data = each.get("_data") or {}
         if each["target"].removeprefix("stream, ").startswith("overlap, ") and data.get("ttfb_ms"):
             first[(each["target"], each["concurrency"])] = statistics.median(data["ttfb_ms"])
-    mine = [each for each in found if (each["target"], each["concurrency"]) in first]
+    mine = [each for each in found if (each["target"], each["concurrency"]) in first and _parts(each["target"])[0]]
     for each in mine:
         api, target, stream = _parts(each["target"])
         direct = first.get((row(api, DIRECT, stream), each["concurrency"]))
@@ -117,7 +121,7 @@ def summary(found: list[dict[str, Any]]) -> dict[str, str]:
         added, without = each["first byte added p50 ms"], none["first byte added p50 ms"]
         each["added vs no overlap"] = added / without if without else float("nan")
         own = first[(row(api, DIRECT, stream), each["concurrency"])]
-        key = f"{'stream, ' * stream}overlap, {api}"
+        key = f"{'stream, ' * stream}overlap, {TITLES[api]}"
         part = (f"c={each['concurrency']}: first byte added p50 {added:.2f} ms with overlap, {without:.2f} ms "
                 f"without ({each['added vs no overlap']:.2f}x); the upstream's own {own:.1f} ms")  # fmt: skip
         lines[key] = (f"{lines[key]}; {part}" if key in lines else

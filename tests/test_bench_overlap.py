@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.test_benchmarks import run
 
-APIS = ("chat", "responses", "messages", "completions")
+APIS = ("Chat", "Responses", "Messages", "Completions")  # as the rows spell them: `--only messages` picks none
 TARGETS = ("upstream direct", "d3router, no overlap", "d3router, overlap")
 
 
@@ -35,5 +35,5 @@ def test_overlap_rows_run_side_by_side(tmp_path: Path) -> None:
     assert speculated["d3router, no overlap"] == {}
     assert speculated["d3router, overlap"]["started"] == speculated["d3router, overlap"]["used"] >= 4 * 2 * 8
     text = (tmp_path / "router.md").read_text()
-    assert "- stream, overlap, messages (fake engine 40 ms, upstream first token 300 ms): c=1: first byte added" in text
+    assert "- stream, overlap, Messages (fake engine 40 ms, upstream first token 300 ms): c=1: first byte added" in text
     assert "| first byte added p50 ms | added vs no overlap |" in text
