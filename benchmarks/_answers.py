@@ -40,6 +40,9 @@ CHAT_CHUNKS = [
     b'data: {"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n' % d.encode()
     for d in DELTAS
 ] + [b"data: [DONE]\n\n"]
+# The usage chunk, sent before [DONE] only to a stream that asks (`stream_options.include_usage`), as vLLM does.
+CHAT_USAGE_CHUNK = b'data: {"object":"chat.completion.chunk","choices":[],"usage":{"prompt_tokens":5,' \
+                   b'"completion_tokens":5,"total_tokens":10}}\n\n'  # fmt: skip
 
 
 # --- the Responses API ------------------------------------------------------------------------------------------

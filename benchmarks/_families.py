@@ -27,6 +27,7 @@ from typing import Any, Protocol, cast
 # One line a family, in the order their rows and summaries are reported.
 FAMILIES = (
     "benchmarks._translaterows",  # issue 30: translated routes vs native, plain and streamed
+    "benchmarks._usagerows",  # issue 29: usage counted, budgets in process and in Redis, vs usage off
     "benchmarks._overlaprouterrows",  # issue 31: time to first byte added, with and without overlap, four APIs
 )
 

@@ -43,6 +43,8 @@ COMPARED = [
     (REDIS, KEYS, "p50 ms", 0.3),
 ]
 UNLIMITED = {"requests": 1_000_000_000, "window_s": 1}  # every request counted, none refused
+UNUSED_BUDGET = {"tokens": 10**15, "period": "day"}  # a key's and its group's: read, added to, never used up
+UNUSED_RATE = {"tokens": 10**15, "window_s": 60}
 
 
 def spec(name: str) -> list[str]:
@@ -62,8 +64,8 @@ def headers(name: str) -> tuple[str, ...]:
 def with_auth(text: str, auth: str, redis: str | None = None, salt_env: str = "D3_BENCH_SALT") -> str:
     """The bench configuration `text` with `auth` (off, keys, rate) and `server.redis` (with the salt's variable,
     `salt_env`: Redis is refused without one)."""
-    if auth not in ("off", "keys", "rate"):
-        raise SystemExit(f"--auth: expected off, keys or rate, found {auth!r}")
+    if auth not in ("off", "keys", "rate", "budget"):
+        raise SystemExit(f"--auth: expected off, keys, rate or budget, found {auth!r}")
     if auth == "off" and redis is None:
         return text
     server: dict[str, Any] = {}
@@ -79,6 +81,10 @@ def with_auth(text: str, auth: str, redis: str | None = None, salt_env: str = "D
         if auth == "rate":
             key.update(group="bench", rate=UNLIMITED)
             server["auth"]["groups"] = {"bench": {"rate": UNLIMITED}}
+        if auth == "budget":  # benchmarks/_usagerows.py: never used up, every answer's tokens counted
+            limits = {"budget": UNUSED_BUDGET, "token_rate": UNUSED_RATE}
+            key.update(group="bench", **limits)
+            server["auth"]["groups"] = {"bench": limits}
     return f"server: {json.dumps(server)}\n{text}"
 
 

@@ -4,7 +4,7 @@
     python -m benchmarks._proxy router PORT UPSTREAM_URL --engine cache|fake10ms|http://ENGINE [--transport ...]
         [--metrics prometheus|old] [--sessions off|memory|redis://HOST:PORT/DB] [--server uvicorn|granian]
         [--policy questions|facts|answer] [--upstream-model NAME] [--gc settled|unsettled] [--gen0 N]
-        [--auth off|keys|rate] [--redis redis://HOST:PORT/DB]
+        [--auth off|keys|rate|budget] [--redis redis://HOST:PORT/DB] [--usage on|off]
 
 `passthrough` is the Python floor: Starlette + httpx forwarding the body and streaming the answer back, no
 decisions. `router` is d3router's own app with a fake engine answering from its cache, a fake engine that takes 10
@@ -20,7 +20,8 @@ model to it and the answer's back to the client's (issue 26.1; the "model rewrit
 generation-0 threshold), `unsettled` leaves the collector as CPython sets it; either way the collections and their
 longest pause are recorded, and `GET /_gc` answers them (JSON) since the last `GET /_gc`. `--auth keys` turns client
 keys on (one key, the load generator's), `rate` adds that key's and its group's rate limits, `--redis URL` sets
-`server.redis` (the limits kept there): benchmarks/_keyrows.py.
+`server.redis` (the limits kept there): benchmarks/_keyrows.py. `--auth budget` gives the key and its group a token
+budget and a token rate never used up, `--usage off` the upstream `count_usage: false`: benchmarks/_usagerows.py.
 """
 
 from __future__ import annotations
@@ -161,7 +162,9 @@ def main() -> None:
     parser.add_argument("--upstream-api", default=None, help="the upstream's `api:` (a translated route, issue 30)")
     parser.add_argument("--gc", choices=["settled", "unsettled"], default="settled")
     parser.add_argument("--gen0", type=int, default=gcpauses.GEN0_THRESHOLD, help="with --gc settled")
-    parser.add_argument("--auth", choices=["off", "keys", "rate"], default="off", help="client keys, rate limits")
+    parser.add_argument("--auth", choices=["off", "keys", "rate", "budget"], default="off",
+                        help="client keys, rate limits, token budgets")  # fmt: skip
+    parser.add_argument("--usage", choices=["on", "off"], default="on", help="the upstream's count_usage")
     parser.add_argument("--redis", default=None, help="server.redis (with --auth rate: the limits kept there)")
     args = parser.parse_args()
     global UPSTREAM_API
@@ -170,7 +173,7 @@ def main() -> None:
         _http.TRANSPORT = args.transport
     run(serve(args.mode, args.port, args.upstream, args.engine, args.metrics, args.sessions, args.server,
               policy=args.policy, model=args.upstream_model, gc_mode=args.gc, gen0=args.gen0, auth=args.auth,
-              redis=args.redis))  # fmt: skip
+              redis=args.redis, usage=args.usage))  # fmt: skip
 
 
 UPSTREAM_API: str | None = None  # --upstream-api
@@ -236,6 +239,7 @@ async def serve(
     gen0: int = gcpauses.GEN0_THRESHOLD,
     auth: str = "off",
     redis: str | None = None,
+    usage: str = "on",
 ) -> None:
     app: Any
     serve_app = serve_granian if server == "granian" else serve_uvicorn
@@ -254,6 +258,8 @@ async def serve(
     engine = Counting(mix_engine(engine_spec)) if policy in ("mix", "overlap") else engine_for(engine_spec)
     environ = {**os.environ, SALT_ENV: os.environ.get(SALT_ENV) or BENCH_SALT, **_keyrows.ENVIRON}
     text = _keyrows.with_auth(bench_config(upstream, sessions, policy, model), auth, redis, SALT_ENV)
+    if usage == "off":  # benchmarks/_usagerows.py: nothing asked or read
+        text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", count_usage: false', 1)
     config = parse_config(text, "bench.yaml")
     app = create_app(config, engine=engine, environ=environ)
     if metrics == "old":
@@ -273,6 +279,9 @@ async def serve(
     counting = engine.engine if isinstance(engine, CachedEngine) else engine
     exposition = app.service.metrics.render()
     counts: dict[str, Any] = {"engine_calls": counting.calls, "decided_requests": requests_total(exposition)}
+    counts["upstream_tokens"] = requests_total(exposition, "d3router_upstream_tokens")  # benchmarks/_usagerows.py
+    if auth == "budget":  # which budgets counted (in Redis or in process)
+        counts["budgets"] = type(app.budgets).__name__
     if auth != "off":  # which limiter counted (RedisLimiter: in Redis), and what Redis left to this process
         counts["limiter"] = type(app.limiter).__name__
         counts["redis_fallbacks"] = requests_total(exposition, "d3router_redis_fallbacks")

@@ -3,12 +3,13 @@ router's cost is what the benchmark sees.
 
     python -m benchmarks._upstream PORT [--gap-ms 0] [--first-ms 0]
 
-`POST .../chat/completions` answers a fixed completion, or, when the body asks `"stream": true`, an SSE stream of
-5 chunks and [DONE], the first at once and the rest `--gap-ms` apart (chunked encoding). `POST .../responses` (the
-OpenAI Responses API) and `POST .../messages` (the Anthropic Messages API) answer the same text in their own
-shapes (benchmarks/_answers.py), streamed in their own events in as many chunks as chat's, so that rows compare
-like for like. Any other path answers as chat. `--first-ms`: every answer (its head, plain or streamed) waits that
-long first, a model's time to first token (benchmarks/overlap.py). Keep-alive, HTTP/1.1 only, loopback only.
+`POST .../chat/completions` answers a fixed completion, or, when the body asks `"stream": true`, an SSE stream of 5
+chunks (and the usage chunk when asked: `stream_options.include_usage`) and [DONE], the first at once and the rest
+`--gap-ms` apart (chunked encoding). `POST .../responses` (the OpenAI Responses API) and `POST .../messages` (the
+Anthropic Messages API) answer the same text in their own shapes (benchmarks/_answers.py), streamed in their own
+events in as many chunks as chat's, so that rows compare like for like. Any other path answers as chat.
+`--first-ms`: every answer (its head, plain or streamed) waits that long first, a model's time to first token
+(benchmarks/overlap.py). Keep-alive, HTTP/1.1 only, loopback only.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from benchmarks._answers import ANSWERS
+from benchmarks._answers import ANSWERS, CHAT_USAGE_CHUNK
 
 
 def _plain(body: bytes) -> bytes:
@@ -71,7 +72,10 @@ class _Protocol(asyncio.Protocol):
             body = self.buffer[end + 4 : end + 4 + length]
             self.buffer = self.buffer[end + 4 + length :]
             plain, chunks = _reply(head)
-            if b'"stream":true' in body.replace(b" ", b""):
+            compact = body.replace(b" ", b"")
+            if b'"stream":true' in compact:
+                if b'"include_usage":true' in compact and chunks[-1] == b"data: [DONE]\n\n":  # chat's usage chunk
+                    chunks = [*chunks[:-1], CHAT_USAGE_CHUNK, chunks[-1]]
                 self.busy = True
                 self.task = asyncio.ensure_future(self._stream(chunks))
                 return

@@ -26,7 +26,7 @@ this machine's speed drifts by 10-40% from one minute to the next, and the drift
 
 This module is the command line and the run; the harness is benchmarks/_harness.py, the first group's rows
 benchmarks/_targets.py, the streamed rows benchmarks/_streamrows.py, the engine rows benchmarks/_enginerows.py, and
-the row families measured in groups of their own (translation, overlap, ...) are registered in
+the row families measured in groups of their own (translation, usage, overlap, ...) are registered in
 benchmarks/_families.py: a family is one module and one line there.
 """
 

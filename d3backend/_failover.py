@@ -182,6 +182,24 @@ class FailoverEngine(Closing):
             raise error
         return None
 
+    async def probe_each(self) -> tuple[tuple[str, EngineError | None], ...]:
+        """Every engine's probe at once, by name: None where it answered (or has none), else its error. `probe` is
+        ready when one engine answers, so an engine after it that cannot (a wrong key, URL or model) shows only here,
+        not in an outage (d3router runs it once at startup)."""
+
+        async def one(member: _Member) -> EngineError | None:
+            probe = getattr(member.engine, "probe", None)
+            if probe is None:
+                return None
+            try:
+                await probe()
+            except EngineError as exc:
+                return exc
+            return None
+
+        errors = await asyncio.gather(*(one(member) for member in self._members))
+        return tuple((member.name, error) for member, error in zip(self._members, errors, strict=True))
+
     async def aclose(self) -> None:
         if self._owns_engines:
             for member in self._members:

@@ -8,7 +8,7 @@
 Pure: reads its files and nothing else.
 """
 
-from policies._access import AuthSettings, ClientKeySpec, GroupSpec, RateSpec
+from policies._access import AuthSettings, BudgetSpec, ClientKeySpec, GroupSpec, RateSpec, TokenRateSpec
 from policies._answer import AnswerGuard, AnswerVerdict, Replace
 from policies._errors import ConfigError, EvaluationError, Issue, PolicyError
 from policies._expr import Condition, compile_condition
@@ -37,6 +37,7 @@ from policies._schema import (
     EmbeddedSettings,
     EngineSettings,
     PoolEngineSettings,
+    PriceSpec,
     QuestionSpec,
     RemoteSettings,
     ServerSettings,
@@ -57,6 +58,7 @@ __all__ = [
     "ApiName",
     "AuthSettings",
     "Block",
+    "BudgetSpec",
     "CacheSettings",
     "ClientKeySpec",
     "Condition",
@@ -79,6 +81,7 @@ __all__ = [
     "PolicyError",
     "PolicyTest",
     "PoolEngineSettings",
+    "PriceSpec",
     "QuestionSpec",
     "RateSpec",
     "RemoteSettings",
@@ -91,6 +94,7 @@ __all__ = [
     "StateSettings",
     "Step",
     "TestResult",
+    "TokenRateSpec",
     "UpstreamSettings",
     "build_question",
     "compile_condition",

@@ -14,6 +14,7 @@ A key is kept only as its SHA-256 digest; in the configuration file it is named 
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -43,6 +44,29 @@ class RateSpec(Strict):
         return self.requests if self.burst is None else self.burst
 
 
+class BudgetSpec(Strict):
+    """Tokens (and/or cost) allowed over a calendar period, shared by the replicas through server.redis (issue 29.4):
+    a request while it is used up is answered 429, naming the budget and when it resets (Retry-After); rules read
+    the share used as `budget.used`."""
+
+    tokens: int | None = Field(None, gt=0, description="Tokens (input and output, as the upstreams report them).")
+    cost: float | None = Field(None, gt=0, description="Cost, in the upstreams' price currency (upstreams.NAME.price).")
+    period: Literal["day", "month"] = Field("day", description="Resets at each UTC midnight, or each month's first.")
+
+    @model_validator(mode="after")
+    def _some(self) -> BudgetSpec:
+        if self.tokens is None and self.cost is None:
+            raise PydanticCustomError("budget", "a budget needs `tokens` or `cost` (or both)")
+        return self
+
+
+class TokenRateSpec(Strict):
+    """Tokens per window (a fixed window: the tokens of the answers counted in it), beside the request `rate`."""
+
+    tokens: int = Field(gt=0, description="Tokens allowed per window (input and output, as reported).")
+    window_s: float = Field(60.0, gt=0, description="The window, in seconds (60: tokens per minute).")
+
+
 class ClientKeySpec(Strict):
     """One client key: its name is the caller (sessions, logs, limits are kept per name)."""
 
@@ -62,6 +86,8 @@ class ClientKeySpec(Strict):
         description="Sees every x-d3-* header (answers, rule, cache, upstream, tags) and may call /v1/d3/explain.",
     )
     rate: RateSpec | None = Field(None, description="This key's own request rate limit.")
+    token_rate: TokenRateSpec | None = Field(None, description="This key's own token rate limit.")
+    budget: BudgetSpec | None = Field(None, description="This key's own token or cost budget.")
 
     @field_validator("name")
     @classmethod
@@ -99,6 +125,8 @@ class GroupSpec(Strict):
     """What the keys of one group share."""
 
     rate: RateSpec | None = Field(None, description="The group's request rate limit, shared by its keys.")
+    token_rate: TokenRateSpec | None = Field(None, description="The group's token rate limit, shared by its keys.")
+    budget: BudgetSpec | None = Field(None, description="The group's token or cost budget, shared by its keys.")
 
 
 class KeysFileSpec(Strict):

@@ -21,7 +21,7 @@ from policies._params import APIS
 FactValue = bool | int | float | str
 Facts = Mapping[str, FactValue]
 FactType = Literal["number", "string", "bool"]
-SCOPES = ("request", "caller", "session")
+SCOPES = ("request", "caller", "session", "budget")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,8 @@ FACTS: Mapping[str, Fact] = {
         Fact("request.api", "string", "The client API the request came on.", tuple(APIS)),
         Fact("caller.name", "string", "The client key's name (server.auth); empty without keys."),
         Fact("caller.group", "string", "The client key's group; empty without keys or for a key with none."),
+        Fact("budget.used", "number", "The share used of the caller's most used budget (its key's or group's, "
+             "server.auth): 0 to 1 (0.8: 80%), 0 without one; read once as the request arrives."),
         Fact("session.turns", "number", "Assistant turns the conversation has had before this one (as sent)."),
     )
 }  # fmt: skip

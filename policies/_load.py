@@ -60,6 +60,15 @@ class Config:
         """Whether any policy asks the engine anything: its rules' questions, or its answer guard's."""
         return any(p.questions or (p.answer is not None and p.answer.questions) for p in self.policies.values())
 
+    @property
+    def needs_engine(self) -> bool:
+        """Whether the router runs an engine: a policy asks it something, or `engine` names one (applications' own
+        questions on /v1/decisions and /v1/systemone need it with no policy asking any). Unnamed, the embedded
+        default is started only for policies that ask."""
+        engine = self.engine
+        named = (engine.embedded, engine.remote, engine.decisions, engine.pool)
+        return self.asks or any(kind is not None for kind in named)
+
 
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate the configuration file at `path`."""

@@ -224,6 +224,16 @@ class EngineSettings(Strict):
 
 
 # --- upstreams ------------------------------------------------------------------------------------------------
+class PriceSpec(Strict):
+    """What an upstream's tokens cost, per million, in one currency of your choice (the router never converts)."""
+
+    input: float = Field(ge=0, description="Per million input tokens not read from the prompt cache.")
+    cached_input: float | None = Field(
+        None, ge=0, description="Per million input tokens read from the prompt cache; unset: `input`'s price."
+    )
+    output: float = Field(ge=0, description="Per million output tokens.")
+
+
 class UpstreamSettings(Strict):
     """An OpenAI-compatible chat backend."""
 
@@ -242,6 +252,17 @@ class UpstreamSettings(Strict):
         False,
         description="Send the caller's own credential (Authorization, x-api-key) to this upstream, for deployments "
         "where the upstream authenticates callers. Off: the caller's credential never leaves the router.",
+    )
+    price: PriceSpec | None = Field(
+        None,
+        description="Its tokens' prices (issue 29.3): each answer's cost in the decision log and metrics; "
+        "`d3router replay` shows cost and saving. Unset: answers are counted in tokens only.",
+    )
+    count_usage: bool = Field(
+        True,
+        description="Read the tokens of each answer (its usage); a streamed chat or completions request that does not "
+        "ask for the usage chunk (`stream_options.include_usage`) is sent asking for it, and the chunk is cut out "
+        "before the client. Off: nothing is asked or read (budgets and token limits then count nothing from it).",
     )
     api: ApiName | None = Field(
         None,

@@ -42,7 +42,7 @@ def test_the_rows_configurations() -> None:
     assert (rate.redis, rate.sessions.salt_env) == ("redis://127.0.0.1:1/0", SALT_ENV)  # refused without a salt
     both = parse_config(_keyrows.with_auth(bench_config(UPSTREAM, "redis://127.0.0.1:2/0"), "keys")).server
     assert both.auth is not None and both.redis == "redis://127.0.0.1:2/0"  # the sessions' server line merged
-    with pytest.raises(SystemExit, match="--auth: expected off, keys or rate"):
+    with pytest.raises(SystemExit, match="--auth: expected off, keys, rate or budget"):
         _keyrows.with_auth(bench_config(UPSTREAM), "jwt")
 
 

@@ -67,5 +67,6 @@ def request_facts(api: Api, body: Mapping[str, Any], state: DecisionState) -> di
 
 
 def caller_facts(name: str | None, group: str | None) -> Facts:
-    """The `caller.*` facts: the client key's name and group, empty strings without keys."""
-    return {"caller.name": name or "", "caller.group": group or ""}
+    """The `caller.*` facts: the client key's name and group, empty strings without keys; `budget.used` 0 (the
+    proxy reads the caller's budgets, router/_faces/budgets.py)."""
+    return {"caller.name": name or "", "caller.group": group or "", "budget.used": 0.0}

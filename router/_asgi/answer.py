@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from router._asgi import decoding
 from router._asgi.headers import Headers
@@ -139,6 +139,45 @@ class Rename:
                 return event
             self._prefix = event[at : span[0]]
         return event[: span[0]] + self.model + event[span[1] :]
+
+
+class Watch:
+    """Shows `see` each whole event of a stream that holds `marker` (its bytes, boundary included); the rest is not
+    looked at. Read-only (`hold=False`), every chunk goes on as it came, at once: only a copy of the stream's last,
+    incomplete event is kept to be read once whole. With `hold=True`, `see` also says whether the event goes on
+    (False: it is cut out, as if the upstream had never sent it), and a last event still incomplete is held until it
+    is whole (`flush` gives it back), as `Rename` holds one. One per response; events are cut by the one reader
+    (router/_asgi/sse.py)."""
+
+    def __init__(self, marker: bytes, see: Callable[[bytes], bool], *, hold: bool = False) -> None:
+        self.marker, self.see, self.hold = marker, see, hold
+        self._events = EventReader()
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of `chunk` goes on now: all of it (read-only), or its whole events less those `see` drops."""
+        whole = self._events.whole(chunk)
+        at = whole.find(self.marker) if whole else -1
+        if at < 0:
+            return whole if self.hold else chunk
+        out: list[bytes] = []
+        copied = 0
+        while at >= 0:
+            start, stop = event_start(whole, at), event_end(whole, at)
+            if not self.see(whole[start:stop]) and self.hold:
+                out += (whole[copied:start],)
+                copied = stop
+            at = whole.find(self.marker, stop)
+        if not self.hold:
+            return chunk
+        out.append(whole[copied:])
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """The stream ended: its last event without a boundary is read too; held, it is given back (unless dropped)."""
+        tail = self._events.close()
+        if tail and self.marker in tail and not self.see(tail) and self.hold:
+            return b""
+        return tail if self.hold else b""
 
 
 def decoded(body: bytes, headers: Headers) -> tuple[bytes, Headers] | None:

@@ -58,8 +58,9 @@ class D3Decision:
         """The `x-d3-*` headers for the response. By default (issue 25.4) only those that cannot help a caller probe
         the guard or learn of other callers: `x-d3-policy`, `x-d3-action` and `x-d3-session` (its own, scoped by
         caller). `full` (a key with `debug`, or server.expose_decisions) adds the rule, the answers, the cache state
-        and the decision's time (a hit is fast), the upstream, what the decision could not see (truncated text,
-        dropped media, ignored parts) and the policy's tags. Tags toward the upstream are sent apart, always."""
+        and the decision's time (a hit is fast), the pool's engine that answered, the upstream, what the decision
+        could not see (truncated text, dropped media, ignored parts) and the policy's tags. Tags toward the upstream
+        are sent apart, always."""
         decision = self.decision
         headers = [("x-d3-policy", self.policy), ("x-d3-action", decision.action.kind)]
         if self.session is not None:
@@ -71,6 +72,8 @@ class D3Decision:
             ("x-d3-decision-ms", f"{self.decision_ms:.2f}"),
             ("x-d3-cache", "hit" if self.cached else ("none" if not self.answers else "miss")),
         ]
+        if self.engine:  # the pool's engine whose probabilities the rules read (engine.pool, issue 28.2)
+            headers.append(("x-d3-engine", self.engine))
         if upstream is not None:
             headers.append(("x-d3-upstream", upstream))
         if self.answers:

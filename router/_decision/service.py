@@ -112,13 +112,14 @@ class RouterService:
     async def decide(
         self, policy: Policy, body: Mapping[str, Any], request_id: str = "", *, api: Api = CHAT,
         snapshot: Snapshot | None = None, after: After | None = None, caller: str = "",
-        caller_facts: Facts | None = None,
+        caller_facts: Facts | None = None, defer_log: bool = False,
     ) -> D3Decision:  # fmt: skip
         """Decide for a parsed request body of `api` (chat by default) under `snapshot` (the current one by
         default); raise `BadRequest` when the body cannot be read. Engine trouble never raises: on_engine_error.
         `after` may change the decision before it is logged (the session's route, router/_sessions/session.py).
         `caller_facts` are the `caller.*` facts (`Caller.facts`); without them the caller's name and group are empty.
-        A walk the facts settle asks the engine nothing."""
+        A walk the facts settle asks the engine nothing. `defer_log`: the decision-log line is not written here; the
+        face writes it (`log_entry`, then `write_log`) once the answer's usage is known."""
         snapshot = snapshot or self.snapshot
         with tracing.span("d3.state"):  # tracing (issue 14.4): the hooks are `with` blocks, no-ops when it is off
             state = api.state(body, policy.state, snapshot.media, lenient=snapshot.lenient)
@@ -193,8 +194,8 @@ class RouterService:
                 d3 = dataclasses.replace(d3, shadow=shadow)
         if after is not None:
             d3 = await after(d3)
-        if self.decision_log is not None:
-            self._log(d3, request_id, snapshot.config, caller)
+        if self.decision_log is not None and not defer_log:
+            self.write_log(self.log_entry(d3, request_id, snapshot.config, caller))
         return d3
 
     async def ask(
@@ -205,7 +206,7 @@ class RouterService:
         as a policy's are: through the cache and single-flight, under `server.decision_timeout_s`, in an engine span,
         counted (cache, tokens, errors). Raises the `EngineError` (or `TimeoutError`) for the caller to answer."""
         if self.engine is None:
-            raise EngineUnavailable("no decision engine is configured: no policy asks questions")
+            raise EngineUnavailable("no decision engine is configured: set `engine` (no policy asks questions)")
         timeout_s = self.snapshot.config.server.decision_timeout_s
         try:
             with tracing.engine_span() as engine_span:
@@ -300,7 +301,13 @@ class RouterService:
             payload["answer"] = await answer(policy, d3)
         return payload
 
-    def _log(self, d3: D3Decision, request_id: str, config: Config, caller: str = "") -> None:
+    def write_log(self, entry: dict[str, Any]) -> None:
+        """Write one decision-log line (`log_entry`'s), if a decision log is open."""
+        if self.decision_log is not None:
+            self._write(entry)
+
+    def log_entry(self, d3: D3Decision, request_id: str, config: Config, caller: str = "") -> dict[str, Any]:
+        """The decision-log line of `d3`, as a mapping the face may add the answer's usage to."""
         entry: dict[str, Any] = {
             "time": round(time.time(), 3),
             "request_id": request_id,
@@ -343,4 +350,4 @@ class RouterService:
                 entry["state"] = text
             else:
                 entry["state_omitted"] = f"over decision_log.max_state_chars ({settings.max_state_chars})"
-        self._write(entry)
+        return entry

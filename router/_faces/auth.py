@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from policies import ClientKeySpec, Config, Facts, RateSpec, load_keys
+from policies import BudgetSpec, ClientKeySpec, Config, Facts, RateSpec, TokenRateSpec, load_keys
 from policies._access import MAX_KEY_CHARS
 from router._apis.facts import caller_facts
 from router._errors import Unauthorized
@@ -45,6 +45,11 @@ class Caller:
     debug: bool = False
     rate: RateSpec | None = None
     group_rate: RateSpec | None = None
+    # Token rates and budgets (issue 29.4; router/_faces/budgets.py): the key's own and its group's.
+    token_rate: TokenRateSpec | None = None
+    group_token_rate: TokenRateSpec | None = None
+    budget: BudgetSpec | None = None
+    group_budget: BudgetSpec | None = None
 
     @property
     def facts(self) -> Facts:
@@ -104,6 +109,8 @@ class Access:
                 None if spec.policies is None else frozenset(spec.policies),
                 None if spec.models is None else frozenset(spec.models),
                 spec.debug, spec.rate, group.rate if group is not None else None,
+                spec.token_rate, group.token_rate if group is not None else None,
+                spec.budget, group.budget if group is not None else None,
             )  # fmt: skip
             table[digest] = _Key(digest, caller)
         if not table:

@@ -13,7 +13,8 @@ itself); an image it may not have is refused (400), never dropped. docs/decision
 
 With `server.auth` both need a client key and count against its rate limits, as every non-public path does
 (`ProxyApp.__call__` checks both before the handler runs). `x-d3-cache` (whether someone sent the same input within
-the cache's TTL) is shown only to a key with `debug`, or with `server.expose_decisions` (issue 25.4).
+the cache's TTL) and `x-d3-engine` (an engine pool's engine that answered) are shown only to a key with `debug`, or
+with `server.expose_decisions` (issue 25.4).
 """
 
 from __future__ import annotations
@@ -351,6 +352,8 @@ async def _answer(
     headers: list[tuple[bytes, bytes]] = []
     if caller.debug or service.config.server.expose_decisions:  # the cache state tells of other callers' inputs
         headers.append((b"x-d3-cache", b"hit" if decided.cached else b"miss"))
+        if decided.engine:  # the pool's engine that answered (engine.pool)
+            headers.append((b"x-d3-engine", decided.engine.encode()))
     await send_json(send, 200, json_bytes(payload), headers)
 
 

@@ -22,7 +22,7 @@ from router._apis.answers import Answered, read_answer, replacement
 from router._asgi.answer import Rename
 from router._asgi.answer import decoded as decoded_answer
 from router._asgi.headers import HOP_BY_HOP_RAW, Headers, encode_headers
-from router._asgi.relay import UpstreamBroke
+from router._asgi.relay import Reads, UpstreamBroke
 from router._asgi.sse import EventTooLarge
 from router._decision.judge import judge
 from router._decision.record import D3Decision
@@ -47,13 +47,16 @@ async def relay_judged(
     upstream: str,
     on_whole: Callable[[bytes], Awaitable[None]] | None,
     rename: Rename | None = None,
+    usage: Reads | None = None,
 ) -> str:
     """The proxy's way: read the upstream's answer whole, judge it, send what the verdict says; return `pass` or
     `replace`. A block raises `Blocked` (nothing was sent), a broken or oversized answer `UpstreamBroke` (the next
-    upstream, or 502)."""
+    upstream, or 502). `usage` reads the answer's tokens, as `relay` has it do (router/_asgi/relay.py)."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        return await _stream(service, guard, request, d3, response, extra, upstream, on_whole, rename)
+        return await _stream(service, guard, request, d3, response, extra, upstream, on_whole, rename, usage)
     raw = await _read(response, guard.max_answer_bytes, upstream)
+    if usage is not None:
+        usage.body(raw)
     status, headers, body, outcome = await judged(
         service, guard, request, d3, response.status_code, [*response.headers.raw, *extra], raw, rename
     )
@@ -67,19 +70,35 @@ async def relay_judged(
 async def _stream(
     service: RouterService, guard: AnswerGuard, request: Decided, d3: D3Decision, response: httpx.Response,
     extra: Headers, upstream: str, on_response: Callable[[bytes], Awaitable[None]] | None, rename: Rename | None,
+    usage: Reads | None = None,
 ) -> str:  # fmt: skip
     """The proxy's streamed answer, judged in windows; `on_response` learns a streamed Responses answer's id from its
     first event, as `relay` does. Nothing sent yet when it breaks: `UpstreamBroke` (the next upstream, or 502)."""
     headers = [*response.headers.raw, *extra]
     try:
-        return await stream(service, guard, request, d3, response.status_code, headers, response.aiter_bytes(),
-                            request.send, rename, on_response)  # fmt: skip
+        chunks = response.aiter_bytes()
+        if usage is not None:  # decoded chunks: the watch reads them whatever the content-encoding
+            chunks = _watched(chunks, usage)
+        return await stream(service, guard, request, d3, response.status_code, headers, chunks, request.send, rename,
+                            on_response)  # fmt: skip
     except httpx.HTTPError as exc:
         raise UpstreamBroke(f"upstream {upstream!r} broke off its response: {type(exc).__name__}") from exc
     except EventTooLarge as exc:
         raise UpstreamBroke(str(exc)) from exc
     finally:
         await response.aclose()
+
+
+async def _watched(chunks: AsyncIterator[bytes], usage: Reads) -> AsyncIterator[bytes]:
+    """`chunks` as the usage's `Watch` lets them on (the usage chunk the router asked for cut out)."""
+    watch = usage.watch()
+    async for chunk in chunks:
+        out = watch.feed(chunk)
+        if out:
+            yield out
+    last = watch.flush()
+    if last:
+        yield last
 
 
 async def stream(

@@ -15,7 +15,7 @@ from typing import Any, Self, TextIO
 
 from starlette.types import Receive, Send
 
-from d3backend import EngineError
+from d3backend import CachedEngine, DecisionEngine, EngineError, FailoverEngine
 from policies import Config, ConfigError, load_config
 from router._asgi.admission import Admission
 from router._decision.engines import start_engine
@@ -27,6 +27,21 @@ from router._observe.metrics import Metrics
 from router._sessions.session import Sessions
 
 logger = logging.getLogger(__name__)
+
+
+async def _probe_pool(engine: DecisionEngine) -> None:
+    """Name each engine of a pool that fails its probe (the pool is ready when one answers, so a broken failover
+    would show only in an outage)."""
+    inner = engine.engine if isinstance(engine, CachedEngine) else engine
+    if not isinstance(inner, FailoverEngine):
+        return
+    for index, (name, error) in enumerate(await inner.probe_each()):
+        if error is None:
+            continue
+        if index == 0:
+            logger.warning("engine.pool: the engine %r failed its probe (%s); the next engines decide", name, error)
+        else:
+            logger.warning("engine.pool: the engine %r cannot take over: it failed its probe (%s)", name, error)
 
 
 class Lifecycle:
@@ -79,6 +94,7 @@ class Lifecycle:
             await start_engine(self.service.engine)
             self._probed_at = self.clock()
             await self.check_engine()
+            await _probe_pool(self.service.engine)
         self._background = [hook() for hook in self.on_startup]
         self._background.append(self.service.metrics.follow_engine_pool(self.service.engine))
 

@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 
 from policies import Block, Decision, Policy, Route
+from router._apis.usage import metered
 from router._asgi.decoding import decoded, readable_accept_encoding
 from router._asgi.headers import encode_headers
 from router._asgi.relay import BUFFER_LIMIT
@@ -157,6 +158,7 @@ class Speculation:
         upstream = request.config.upstreams[name]
         # Exactly what `ProxyApp._route` would send on this route with these tags and this `set`.
         payload = request.api.rewrite(request.raw, request.body, upstream.model, self.expected.params)
+        payload, _ = metered(request.api.name, payload, request.body, upstream.count_usage)
         if not native(request.api, upstream, payload):  # a translated route: sent as `ProxyApp._route` carries it
             return
         tags = encode_headers(self.expected.tags.items())

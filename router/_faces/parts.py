@@ -17,12 +17,13 @@ from router._sessions.store import build_store, shared_answers
 
 
 def build_parts(config: Config, engine: DecisionEngine | None, environ: Environ) -> tuple[RouterService, Sessions]:
-    """The service (its metrics, and the engine: `engine`, else the configuration's when a policy asks questions)
-    and the sessions. With `server.redis`, Redis holds the sessions and is the decision cache's second level
-    (issue 12); else both stay in-process. The salt of the hashed keys is the same for both."""
+    """The service (its metrics, and the engine: `engine`, else the configuration's when `config.needs_engine`: a
+    policy asks questions or `engine` names a kind) and the sessions. With `server.redis`, Redis holds the sessions
+    and is the decision cache's second level (issue 12); else both stay in-process. The salt of the hashed keys is
+    the same for both."""
     metrics = Metrics()
     store, salt = build_store(config.server, metrics), session_salt(config.server, environ)
-    if engine is None and config.asks:
+    if engine is None and config.needs_engine:
         engine = build_engine(config.engine, base_dir=Path(config.file).parent, environ=environ,
                               shared=shared_answers(store, metrics, salt))  # fmt: skip
     return RouterService(config, engine, metrics=metrics), Sessions(store, config.server.sessions, salt, metrics)

@@ -32,12 +32,13 @@ from d3backend import DecisionEngine
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import Api
-from router._apis.registry import API_BY_PATH, APIS, error_api
+from router._apis.registry import APIS, error_api
+from router._apis.usage import UsageReader, metered
 from router._asgi.admission import FULL, Admission
 from router._asgi.answer import renaming
 from router._asgi.decoding import readable_accept_encoding
-from router._asgi.headers import Headers, content_length, encode_headers
-from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain, read_body
+from router._asgi.headers import Headers, encode_headers
+from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.engines import Environ
 from router._decision.record import D3Decision
@@ -45,26 +46,29 @@ from router._decision.service import After
 from router._errors import (
     BadRequest,
     Blocked,
-    ModelNotFound,
     NoRoute,
     Overloaded,
+    RateLimited,
     RequestError,
     Unauthorized,
     UpstreamFailed,
 )
 from router._faces.auth import Access, Caller
+from router._faces.budgets import build_budgets
 from router._faces.counting import count_routes
 from router._faces.decisions import serve_decisions, serve_systemone
 from router._faces.endpoints import Endpoints, send_failure
-from router._faces.forward import Failure, Forwarder, allowed, decided_path, unsafe_path
+from router._faces.forward import Failure, Forwarder
 from router._faces.guarded import relay_judged
 from router._faces.lifecycle import Generation
 from router._faces.limits import build_limiter
 from router._faces.overlap import Overlap
 from router._faces.parts import build_parts
-from router._faces.request import Decided, available
+from router._faces.request import Decided
 from router._faces.translated import carry, unsigned
+from router._faces.undecided import Undecided
 from router._observe import logs, tracing
+from router._observe.usage import Accounting, Spent, cost
 
 logger = logging.getLogger(__name__)
 
@@ -90,12 +94,15 @@ class ProxyApp(Endpoints):
         self.environ = dict(os.environ if environ is None else environ)
         self._owns_engine = engine is None
         self.service, self.sessions = build_parts(config, engine, self.environ)
+        self.sessions.relays = True  # upstreams called with the router's key: a conversation must be the caller's
         self.access = Access(config, self.environ, self.sessions.salt)
         self.limiter = build_limiter(self.sessions.store, wall_clock)  # wall-clock: replicas share Redis's limits
+        self.budgets = build_budgets(self.sessions.store, wall_clock)  # token budgets and rates (issue 29.4)
         self.clock = clock  # /readyz's probe interval
         # Upstream requests go to a transport directly: a proxy needs none of a client's cookies, redirects or
         # auth, and skipping them is a tenth of a proxied request's cost (benchmarks/router.py).
         self.forwarder = Forwarder(self.environ, self.service.metrics, transport)
+        self.accounting = Accounting(self.service.metrics)  # the answers' tokens and cost (issue 29.2-3)
         self.overlap = Overlap(self.forwarder, self.sessions, lambda: self.service.metrics)
         self.ready = self.service.engine is None
         self.draining = False  # set on SIGTERM (router._faces.serve): /readyz answers 503 so the load balancer moves on
@@ -119,6 +126,7 @@ class ProxyApp(Endpoints):
             ("GET", "/metrics"): self.metrics,
             ("POST", "/admin/reload"): self.admin_reload,
         }
+        self.undecided = Undecided(self.forwarder, self.sessions, lambda: self.service.snapshot, self._routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -157,7 +165,7 @@ class ProxyApp(Endpoints):
                 if handler is not None:
                     await handler(scope, receive, send, caller)
                 elif path.startswith("/v1/"):
-                    await self.passthrough(scope, receive, send, caller)
+                    await self.undecided.passthrough(scope, receive, send, caller)
                 else:
                     await send_failure(send, NoRoute(f"no route for {scope['method']} {path}"))
         except ClientDisconnected:
@@ -190,34 +198,58 @@ class ProxyApp(Endpoints):
             raise
         request.policy = policy = request.pick()
         if policy is None:
-            await cancel_on_disconnect(request.receive, lambda: self._undecided(request))
+            await cancel_on_disconnect(request.receive, lambda: self.undecided.model(request))
             return
         request.request_id = logs.request_id() or request.header(b"x-request-id") or uuid.uuid4().hex
         caller = request.caller.id
         request.turn = turn = self.sessions.turn(request.api, request.scope["headers"], request.body, config,
                                                  caller=caller)  # fmt: skip
+        try:  # the caller's budgets, read once: used up, 429; else their share used is the `budget.used` fact
+            request.budget_used = await self.budgets.check(request.caller)
+        except RateLimited:
+            metrics.request(policy.name, "-", "budget", 429)
+            raise
         if policy.overlap is not None:  # the upstream starts while the engine decides (router/_faces/overlap.py)
             await cancel_on_disconnect(request.receive, lambda: self.overlap.run(request, self._decided))
             return
         await self._decided(request, turn.route)
 
     async def _decided(self, request: Decided, after: After) -> None:
-        """Decide (`after` changes the decision before it is logged), then answer a block or route."""
+        """Decide (`after` changes the decision before it is logged), then answer a block or route; the decision-log
+        line is written once the answer's usage is known (or the request ended without one)."""
         metrics, policy = self.service.metrics, request.policy
         if policy is None:  # picked by `_decide`
             raise RuntimeError("a decided request needs its policy")
+        facts = {**request.caller.facts, "budget.used": request.budget_used}
         try:
             request.d3 = d3 = await self.service.decide(policy, request.body, request.request_id, api=request.api,
                                                         snapshot=request.snapshot, after=after,
-                                                        caller=request.caller.id,
-                                                        caller_facts=request.caller.facts)  # fmt: skip
+                                                        caller=request.caller.id, caller_facts=facts,
+                                                        defer_log=True)  # fmt: skip
         except BadRequest as exc:
             metrics.request(policy.name, "-", "invalid", exc.status)
             raise
         logs.noted(logs.current(), d3)
+        # The decision-log line is written once the answer's usage is known (or the request ended without one).
+        entry = (
+            self.service.log_entry(d3, request.request_id, request.config, request.caller.id)
+            if self.service.decision_log is not None
+            else None
+        )
+        try:
+            await self._act(request, d3)
+        finally:
+            if entry is not None:
+                if request.spent is not None:
+                    entry.update(request.spent.log_fields())
+                self.service.write_log(entry)
+
+    async def _act(self, request: Decided, d3: D3Decision) -> None:
+        """A block answered in the API's shape; a route sent to its upstreams."""
+        metrics = self.service.metrics
         action = d3.decision.action
         if isinstance(action, Block):
-            metrics.request(policy.name, d3.decision.rule, "block", 200 if action.as_answer else action.status)
+            metrics.request(d3.policy, d3.decision.rule, "block", 200 if action.as_answer else action.status)
             # Its message, never its scores; the rule's name only to a caller allowed to debug (issue 25.4).
             raise Blocked(
                 action.message,
@@ -246,6 +278,8 @@ class ProxyApp(Endpoints):
                 info.upstream = name
             with tracing.upstream_span(name, index, upstream.url) as attempt:  # one span per attempt
                 payload = api.rewrite(request.raw, request.body, upstream.model, d3.decision.params)
+                # The answer's tokens read on its way (issue 29.2): a stream asked for its usage chunk if need be.
+                payload, reader = metered(api.name, payload, request.body, upstream.count_usage)
                 taken = request.speculation.take(name) if index == 0 and request.speculation is not None else None
                 carried = None if taken is not None else carry(api, upstream, payload, request.body, request.raw,
                                                                metrics)  # another API: translated  # fmt: skip
@@ -272,7 +306,8 @@ class ProxyApp(Endpoints):
                     metrics.upstream_errors[(name, str(response.status_code))] += 1
                     failure = (502, f"upstream {name!r} answered {response.status_code}")
                     continue
-                remember = turn.remember if turn is not None and turn.wants_answer and response.is_success else None
+                remember = (functools.partial(turn.remember, upstream=name)
+                            if turn is not None and turn.wants_answer and response.is_success else None)  # fmt: skip
                 try:
                     headers = encode_headers(d3.headers(upstream=name, full=request.debug))
                     if carried is not None:  # the answer in the client's API from here on
@@ -286,12 +321,14 @@ class ProxyApp(Endpoints):
                     if guard is not None and response.is_success:  # judged first (router/_faces/guarded.py)
                         try:
                             await relay_judged(self.service, guard, request, d3, response, headers, name, remember,
-                                               rename)  # fmt: skip
+                                               rename, reader)  # fmt: skip
                         except Blocked as exc:  # routed, and its answer withheld: counted as the route it took
                             metrics.request(d3.policy, d3.decision.rule, "route", exc.status)
                             raise
-                    elif not await relay(response, request.send, headers, name, remember, ending, rename):
+                    elif not await relay(response, request.send, headers, name, remember, ending, rename, reader):
                         metrics.upstream_errors[(name, "broken")] += 1
+                    if reader is not None and response.is_success:
+                        await self._spend(request, d3, name, upstream, reader)
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
                     failure = (502, str(exc))
@@ -302,56 +339,16 @@ class ProxyApp(Endpoints):
         shown = encode_headers(d3.headers(upstream=tried, full=request.debug))
         await request.fail(UpstreamFailed(failure[1], status=failure[0]), shown)
 
-    async def _undecided(self, request: Decided) -> None:
-        """A model `server.undecided_models` lists (and no policy names) goes untouched to the upstream serving it."""
-        model, config = request.body.get("model"), request.config
-        for name, upstream in config.upstreams.items():
-            if isinstance(model, str) and model in (upstream.model, name):
-                tag = [(b"x-d3-upstream", name.encode("latin-1", "replace"))] if request.debug else []
-                await self._as_is(request, name, upstream, "POST", request.api.upstream_path, tag)
-                return
-        known = ", ".join(available(config, request.caller)) or "none"
-        await request.fail(ModelNotFound(f"the model {model!r} does not exist or this key may not use it; "
-                                         f"available: {known}"))  # fmt: skip
-
-    async def passthrough(self, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        """Other `/v1/*` requests: those `server.passthrough` lists go to the first upstream as they came (the path
-        as the client wrote it, once checked); others get 404. Errors in the path's API shape (`error_api`)."""
-        request = Decided(scope, receive, send, error_api(scope["path"]), self.service.snapshot, caller)
-        config = request.config
-        raw_path = (scope.get("raw_path") or scope["path"].encode("utf-8")).split(b"?")[0]
-        try:
-            problem = unsafe_path(raw_path)
-            if problem is not None:
-                raise BadRequest(f"the path holds {problem}; it is not forwarded")
-            endpoint = decided_path(raw_path, (*API_BY_PATH, *(p for _, p in self._routes)))
-            if endpoint is not None:  # however spelled, a decided endpoint is never passed through (issue 25.2)
-                raise NoRoute(f"no route for {scope['method']} {scope['path']}; {endpoint} is served as "
-                              f"POST {endpoint} only")  # fmt: skip
-            if not allowed(scope["path"], config.server.passthrough):
-                raise NoRoute(f"no route for {scope['method']} {scope['path']}; d3-router forwards only the paths "
-                              "server.passthrough lists")  # fmt: skip
-            request.raw = await read_body(receive, config.server.max_body_bytes, content_length(scope["headers"]))
-        except RequestError as exc:
-            await request.fail(exc)
-            return
-        name, upstream = next(iter(config.upstreams.items()))
-        path = raw_path.decode("latin-1").removeprefix("/v1")
-        await cancel_on_disconnect(receive, lambda: self._as_is(request, name, upstream, scope["method"], path, []))
-
-    async def _as_is(
-        self, request: Decided, name: str, upstream: UpstreamSettings, method: str, path: str, extra: Headers
-    ) -> None:
-        """Forward an undecided request untouched to one upstream; its failure is a 502/503/504 in its API's shape."""
-        response, failure = await self.forwarder.open(request.api, upstream, name, method, path, request.scope,
-                                                      request.raw, [])  # fmt: skip
-        if response is not None:
-            try:
-                await relay(response, request.send, extra, name)
-                return
-            except UpstreamBroke as exc:
-                failure = (502, str(exc))
-        await request.fail(UpstreamFailed(failure[1], status=failure[0]), extra)
+    async def _spend(self, request: Decided, d3: D3Decision, name: str, upstream: UpstreamSettings,
+                     reader: UsageReader) -> None:  # fmt: skip
+        """Count what the answer took: tokens and cost in the metrics, kept for the decision-log line, added to the
+        caller's budgets and token rates."""
+        caller, tokens = request.caller, reader.tokens
+        request.spent = spent = Spent(caller.name or "", caller.group or "", d3.policy, d3.decision.rule, name, tokens,
+                                      cost(tokens, upstream.price))  # fmt: skip
+        self.accounting.count(spent)
+        if tokens.reported:
+            await self.budgets.spend(caller, tokens.total, spent.cost)
 
 
 def create_app(config: Config, **kwargs: Any) -> ProxyApp:

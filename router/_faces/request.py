@@ -31,6 +31,7 @@ from router._errors import Blocked, ModelNotFound, RequestError, answer
 from router._faces.auth import Caller
 from router._faces.forward import Failure
 from router._observe.tracing import NO_SPAN, NoSpan, Span
+from router._observe.usage import Spent
 from router._sessions.session import SessionTurn
 
 
@@ -58,6 +59,8 @@ class Decided:
     turn: SessionTurn | None = None
     request_id: str = ""
     span: Span | NoSpan = NO_SPAN
+    budget_used: float = 0.0  # the share used of the caller's most used budget: the `budget.used` fact
+    spent: Spent | None = None  # the answer's tokens and cost, once it was relayed (router/_observe/usage.py)
     speculation: Speculation | None = None  # its upstream request started before the decision (policy `overlap:`)
 
     @property

@@ -76,7 +76,7 @@ def serve_workers(
 ) -> int:  # fmt: skip
     """Serve with `workers` processes (uvicorn's supervisor): each loads the file and watches it for changes;
     SIGHUP restarts the workers. The embedded engine lives in one process, so it needs `workers == 1`."""
-    if config.engine.kind == "embedded" and config.asks:
+    if config.engine.kind == "embedded" and config.needs_engine:
         logger.error("--workers %d needs a remote engine: the embedded engine runs inside one process", workers)
         return 2
     os.environ[CONFIG_ENV] = os.path.abspath(config.file)

@@ -22,6 +22,7 @@ from policies import Config, ConfigError, EngineSettings, load_config
 from router._decision.engines import build_engine
 from router._offline.calibrate import CalibrationError, Point, Threshold, curve, find_threshold, pick
 from router._offline.calibrate import write_threshold as write_copy
+from router._offline.cost import reference_problem
 from router._offline.replay import Outcome, TrafficError, TrafficLine, read_traffic, replay
 from router._offline.report import fmt, markdown, point_json, summarize
 from router._offline.report_html import html_page
@@ -39,6 +40,8 @@ def add_parsers(commands: Any) -> None:
     rep.add_argument("--calibrate", metavar="RULE", help="the rule whose threshold curve the report shows")
     rep.add_argument("--min-accuracy", type=float, metavar="X", help="exit 1 when the accuracy is below X")
     rep.add_argument("--max-changed", type=int, metavar="N", help="exit 1 when over N decisions changed")
+    rep.add_argument("--reference", metavar="UPSTREAM",
+                     help="the saving against sending all the traffic to this (priced) upstream")  # fmt: skip
     rep.set_defaults(run=replay_command)
     cal = commands.add_parser("calibrate", help="a rule's threshold from labelled traffic")
     _common(cal)
@@ -146,6 +149,9 @@ def replay_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if prepared is None:
         return EXIT_INVALID
     config, lines, bad = prepared
+    if args.reference is not None and (problem := reference_problem(config, args.reference)) is not None:
+        print(f"error: {problem}", file=err)
+        return EXIT_INVALID
     configs = [config]
     if args.against is not None:
         other = _load(args.against, err)
@@ -160,7 +166,7 @@ def replay_command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     calibration = _auto_calibration(config, results[0], args.calibrate, args.policy)
     report = summarize(
         config, results[0], bad, against=(configs[1], results[1]) if len(results) > 1 else None,
-        calibration=calibration,
+        calibration=calibration, reference=args.reference,
     )  # fmt: skip
     if args.html:
         Path(args.html).write_text(html_page(report), encoding="utf-8")

@@ -20,6 +20,7 @@ same cache); `_decide_line` is the one place that turns a configuration and a bo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +35,7 @@ from router._decision.judge import answer_state, ask
 from router._decision.record import D3Decision
 from router._decision.service import RouterService
 from router._errors import BadRequest
+from router._observe.usage import Tokens
 
 MAX_LINE_CHARS = 4 * 1024 * 1024
 _ROLE_PREFIX = re.compile(r"\n\n(?=(?:system|developer|user|assistant|tool|function): )")
@@ -63,6 +65,8 @@ class TrafficLine:
     policy: str | None = None  # named by a decision log line; otherwise the body's model picks it
     media_missing: int = 0  # images and videos the log counted but did not keep
     answer: Mapping[str, Any] | None = None  # an answer guard's log line: the state its engine read (issue 27)
+    usage: Tokens | None = None  # the tokens its upstream reported (issue 29.3): logged, or the line's own `usage`
+    logged_cost: float | None = None  # a decision-log line's `cost`
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,12 +158,12 @@ def parse_line(number: int, text: str) -> TrafficLine:
     if not isinstance(data, dict):
         raise ValueError(f"expected a JSON object, found {type(data).__name__}")
     if "request" in data:
-        unknown = sorted(set(data) - {"request", "expect"})
+        unknown = sorted(set(data) - {"request", "expect", "usage"})
         if unknown:
-            raise ValueError(f"unknown key {unknown[0]!r}; a labelled line holds `request` and `expect`")
+            raise ValueError(f"unknown key {unknown[0]!r}; a labelled line holds `request`, `expect` and `usage`")
         if not isinstance(data["request"], dict):
             raise ValueError("`request` must be a request body (an object with `messages`, `prompt` or `input`)")
-        return TrafficLine(number, data["request"], _label(data.get("expect")))
+        return TrafficLine(number, data["request"], _label(data.get("expect")), usage=_usage(data.get("usage")))
     if data.get("kind") == "answer":
         return _answer_line(number, data)
     if "policy" in data and ("state" in data or "state_omitted" in data or "state_from" in data):
@@ -170,6 +174,20 @@ def parse_line(number: int, text: str) -> TrafficLine:
         "expected a request body (with `messages`, `prompt` or `input`), {request, expect}, or a decision log line"
         " with `state`"
     )
+
+
+def _usage(value: Any) -> Tokens | None:
+    """A line's `usage` ({input, cached, output}, as the decision log writes it), or None when it has none."""
+    if value is None:
+        return None
+    counts = {key: value.get(key, 0) for key in ("input", "cached", "output")} if isinstance(value, dict) else None
+    if (
+        counts is None
+        or set(value) - set(counts)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts.values())
+    ):
+        raise ValueError("`usage` must be {input, cached, output} token counts (whole numbers, 0 or more)")
+    return Tokens(counts["input"], counts["cached"], counts["output"], reported=True)
 
 
 def _label(expect: Any) -> Label | None:
@@ -199,7 +217,15 @@ def _answer_line(number: int, data: Mapping[str, Any]) -> TrafficLine:
 
 
 def _log_line(number: int, data: Mapping[str, Any]) -> TrafficLine:
-    """A decision log line back into a body whose extraction gives the logged state again."""
+    """A decision log line back into a body whose extraction gives the logged state again, with its usage."""
+    line = _logged_body(number, data)
+    spent = data.get("cost")
+    logged_cost = float(spent) if isinstance(spent, (int, float)) and not isinstance(spent, bool) else None
+    return dataclasses.replace(line, usage=_usage(data.get("usage")), logged_cost=logged_cost)
+
+
+def _logged_body(number: int, data: Mapping[str, Any]) -> TrafficLine:
+    """The body of a decision log line, from its state."""
     policy = data["policy"]
     if not isinstance(policy, str):
         raise ValueError("the decision log line's `policy` must be a string")

@@ -14,6 +14,7 @@ from typing import Any
 
 from policies import Config
 from router._offline.calibrate import Point, Threshold
+from router._offline.cost import costs, money
 from router._offline.replay import BadLine, Outcome
 
 
@@ -86,8 +87,10 @@ def summarize(
     *,
     against: tuple[Config, Sequence[Outcome]] | None = None,
     calibration: tuple[Threshold, Sequence[Point], Point | None] | None = None,
+    reference: str | None = None,
 ) -> dict[str, Any]:
-    """The replay's figures, as `--json` prints them; answer lines (issue 27) in `answers`, apart."""
+    """The replay's figures, as `--json` prints them; answer lines (issue 27) in `answers`, apart; what the traffic
+    costs on the replayed routes (and saves against `reference`) in `cost` (router/_offline/cost.py)."""
     judged = [o for o in outcomes if o.kind == "answer"]
     decided = [o for o in outcomes if o.policy is not None and o.kind == "request"]
     ok = [o for o in decided if o.error is None]
@@ -117,6 +120,8 @@ def summarize(
     }
     if judged:
         report["answers"] = _answers(judged)
+    if (spent := costs(config, outcomes, reference)) is not None:
+        report["cost"] = spent
     if against is not None:
         report["against"] = against[0].file
         report["changed"] = changed(outcomes, against[1])
@@ -188,6 +193,8 @@ def markdown(report: dict[str, Any]) -> str:
         for name, row in zip(classes, table["matrix"], strict=True):
             cells = " | ".join(str(n) for n in row)
             out.append(f"| {name} | {cells} | {fmt(table['precision'][name])} | {fmt(table['recall'][name])} |")
+    if "cost" in report:
+        out += _cost_markdown(report["cost"])
     if "answers" in report:
         out += _answers_markdown(report["answers"])
     if "changed" in report:
@@ -216,4 +223,23 @@ def _answers_markdown(answers: dict[str, Any]) -> list[str]:
     out += [f"| {outcome} | {n} |" for outcome, n in answers["per_outcome"].items()]
     if answers["accuracy"] is not None:
         out += ["", f"**Answer accuracy {fmt(answers['accuracy'])}** over {answers['labelled']} labelled lines."]
+    return out
+
+
+def _cost_markdown(spent: dict[str, Any]) -> list[str]:
+    tokens = spent["tokens"]
+    out = ["", f"## Cost: {money(spent['policy'])} on the replayed routes", "",
+           f"{spent['lines']} decided lines: {tokens['input']} input tokens ({tokens['cached']} cached), "
+           f"{tokens['output']} output; {spent['estimated']} without reported usage (input estimated from the text, "
+           "output unknown).", "", "| upstream | cost |", "| --- | ---: |"]  # fmt: skip
+    out += [f"| {name} | {money(value)} |" for name, value in spent["per_upstream"].items()]
+    if spent["logged"] is not None:
+        out += ["", f"Logged cost of these lines: {money(spent['logged'])}."]
+    if spent["unpriced"]:
+        out += ["", "Unpriced (not counted): " + ", ".join(f"{n} ({c} lines)" for n, c in spent["unpriced"].items())]
+    if "reference" in spent:
+        ref = spent["reference"]
+        share = f" ({fmt(ref['saving_share'])} of it)" if ref["saving_share"] is not None else ""
+        out += ["", f"**Saving {money(ref['saving'])}**{share} against all traffic to {ref['upstream']} "
+                f"({money(ref['cost'])}); the same tokens priced on each route."]  # fmt: skip
     return out

@@ -12,6 +12,7 @@ import json
 from html import escape
 from typing import Any
 
+from router._offline.cost import money
 from router._offline.report import fmt
 
 _CSS = """
@@ -42,6 +43,10 @@ def html_page(report: dict[str, Any]) -> str:
     ]
     for kind, table in report["confusion"].items():
         parts.append(_heatmap(kind, table))
+    if "cost" in report:
+        parts.append(_cost(report["cost"]))
+    if "answers" in report:
+        parts.append(_answers(report["answers"]))
     if report.get("calibration"):
         parts.append(_curve(report["calibration"]))
     if "changed" in report:
@@ -159,4 +164,37 @@ def _changed(report: dict[str, Any]) -> str:
         f"<span id=changed-count>{change['count']}</span></h2>"
         f"<table id=changed-pairs><tr><th>old -&gt; new</th><th>lines</th></tr>{pairs}</table>"
         f"<table id=changed-lines><tr><th>line</th><th>old</th><th>new</th></tr>{lines}</table>"
+    )
+
+
+def _cost(spent: dict[str, Any]) -> str:
+    tokens = spent["tokens"]
+    rows = "".join(f"<tr data-name='{escape(name)}'><td>{escape(name)}</td><td class=cost>{money(value)}</td></tr>"
+                   for name, value in spent["per_upstream"].items())  # fmt: skip
+    saving = ""
+    if "reference" in spent:
+        ref = spent["reference"]
+        saving = (
+            f"<p>Saving <span class=figure id=cost-saving>{money(ref['saving'])}</span> "
+            f"(<span id=cost-saving-share>{fmt(ref['saving_share'])}</span>) against all traffic to "
+            f"<code id=cost-reference>{escape(ref['upstream'])}</code>, which would cost "
+            f"<span id=cost-reference-cost>{money(ref['cost'])}</span>; the same tokens priced on each route.</p>"
+        )
+    unpriced = ", ".join(f"{escape(n)} ({c} lines)" for n, c in spent["unpriced"].items())
+    return (
+        f"<h2>Cost: <span id=cost-policy>{money(spent['policy'])}</span> on the replayed routes</h2>{saving}"
+        f"<p class=muted>{spent['lines']} decided lines: {tokens['input']} input tokens ({tokens['cached']} cached), "
+        f"{tokens['output']} output; <span id=cost-estimated>{spent['estimated']}</span> without reported usage "
+        f"(input estimated, output unknown){'; unpriced: ' + unpriced if unpriced else ''}.</p>"
+        f"<table id=cost-per-upstream><tr><th>upstream</th><th>cost</th></tr>{rows}</table>"
+    )
+
+
+def _answers(answers: dict[str, Any]) -> str:
+    return (
+        f"<h2>Answers: <span id=answers-judged>{answers['judged']}</span> judged by answer guards</h2>"
+        f"<p><span id=answers-blocked>{answers['blocked']}</span> blocked, "
+        f"{len(answers['engine_errors'])} engine errors; accuracy {fmt(answers['accuracy'])}.</p>"
+        + _counts("Verdicts per answer rule", "answers-per-rule", answers["per_rule"])
+        + _counts("Verdicts per outcome", "answers-per-outcome", answers["per_outcome"])
     )

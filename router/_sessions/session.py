@@ -10,9 +10,9 @@ header `server.sessions.header`, a coding agent's own conversation id (`server.s
 `x-claude-code-session-id`, Codex's `session-id` / `thread-id`), the body's `user`, `safety_identifier` or
 `prompt_cache_key` (chat, responses), `metadata.user_id` (messages; with `agent_ids`, the `session_id` inside
 Claude Code's), a Responses `previous_response_id` (the session of the response it continues, known from the answers
-this router relayed, streamed ones from their `response.created` event), and, with no id at all, the conversation's
-opening (its system prompt and first user turn, with a hash of the client's credential, so that two users' identical
-openings are two sessions).
+this router relayed, streamed ones from their `response.created` event) or `conversation`, and, with no id at all,
+the conversation's opening (its system prompt and first user turn, with a hash of the client's credential, so that
+two users' identical openings are two sessions).
 
 Agents open conversations inside their session (issue 26.4): Claude Code's sub-agent (the `Agent` tool) sends the
 parent's session id with an opening of its own, and a compacted history opens anew under the same id. A session
@@ -21,7 +21,8 @@ route and a hash of the opening that started it; a conversation with another ope
 (sticky, not decided anew) and keeps any route of its own (an escalation) under its own key, so that it never
 overwrites the route of the conversation that opened the session.
 Every key is scoped by the caller (issue 25.3: the client key's name, or a hash of the credential the request
-carries): two callers sending the same id, or continuing the same response id, never share a session. Keys are hashed
+carries): two callers sending the same id, or continuing the same response id, never share a session; a response
+or conversation relayed to one caller is refused to every other (router/_sessions/owners.py). Keys are hashed
 (BLAKE2, salted) before they are stored or logged; the store holds upstream names only.
 
 The session never replaces a guard: the policy decides every turn in full, and only a route is then replaced by the
@@ -45,6 +46,7 @@ from router._apis.state import Turn
 from router._decision.record import D3Decision
 from router._errors import BadRequest
 from router._observe.metrics import Counts, Metrics
+from router._sessions.owners import Owners, answer_id, conversation_of
 from router._sessions.store import Store
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ BODY_IDS = ("user", "safety_identifier", "prompt_cache_key")
 # Coding agents' own conversation ids (issue 26.4): Claude Code, then Codex (older releases spell it with `_`).
 AGENT_HEADERS = (b"x-claude-code-session-id", b"session-id", b"session_id", b"thread-id")
 # Sources naming a session that a new opening continues (a sub-agent, a compaction) rather than starts anew.
-NAMED = frozenset({"header", "agent", "previous_response_id"})
+NAMED = frozenset({"header", "agent", "previous_response_id", "conversation"})
 OUTCOMES = ("new", "sticky", "escalated", "off")
 
 
@@ -66,11 +68,17 @@ class Sessions:
         self.settings = settings
         self.salt = salt  # also the salt of anonymous callers' ids (router/_faces/auth.py)
         self._salt = hashlib.blake2b(salt, digest_size=32).digest()  # any length in, BLAKE2's key size out
+        self.relays = False  # the proxy: it calls upstreams with its own key (an unknown conversation is refused)
         self.counts: Counts[tuple[str, str]] = metrics.counter(
             "d3router_sessions",
             "Routed turns by policy and session outcome: new, sticky, escalated (to a stronger upstream) or off.",
             ("policy", "outcome"),
         )
+
+    @property
+    def owners(self) -> Owners:
+        """Whose each relayed response and conversation is (in the store of the moment: a test may swap it)."""
+        return Owners(self.store, self.hash)
 
     def hash(self, kind: str, value: str | bytes, caller: str = "") -> str:
         """The stored and logged form of a session id of `caller`: salted BLAKE2, 32 hex characters."""
@@ -108,9 +116,8 @@ class SessionTurn:
 
     @property
     def wants_answer(self) -> bool:
-        """Whether the answer's id is worth remembering: a Responses turn in a session (`previous_response_id`)."""
-        reads = self.api.chains_answers and self.sessions.settings.body_ids
-        return reads and self.key is not None and not self.dry
+        """Whether the answer's id is worth remembering: any Responses turn (whose it is, and its session)."""
+        return self.api.chains_answers and not self.dry
 
     # --- finding the session -----------------------------------------------------------------------------------
     async def find(self) -> str | None:
@@ -146,6 +153,9 @@ class SessionTurn:
                 known = await self._continued(previous)
                 chain = known or sessions.hash("response-chain", previous, caller)
                 return self._found("previous_response_id", chain)
+            conversation = conversation_of(self.body)  # whose it is: checked in `route`, whatever the session mode
+            if conversation is not None:
+                return self._found("conversation", sessions.hash("conversation", conversation, caller))
         if settings.fingerprint:
             opening = self._opening()
             if opening is not None:
@@ -157,14 +167,13 @@ class SessionTurn:
         response it relayed to another caller is `BadRequest` (400 previous_response_not_found, as OpenAI answers
         an id it does not know): the upstream, called with the router's own key, would continue that caller's
         conversation for this one (issue 25.3)."""
-        stored = await self.sessions.store.get(_response_key(self.sessions.hash("response", response_id)))
-        if stored is None:
+        record = await self.sessions.owners.record("response", response_id)
+        if record is None:
             return None
-        owner, _, session = stored.partition(" ")
-        if owner != self.sessions.hash("caller", self.caller):
+        if record.caller != self.sessions.hash("caller", self.caller):
             raise BadRequest("the previous response was not found (previous_response_id names a response of "
                              "another caller)", "previous_response_id", code="previous_response_not_found")  # fmt: skip
-        return session or None
+        return record.session or None
 
     def _found(self, source: str, key: str) -> str:
         self.source, self.key = source, key
@@ -209,8 +218,10 @@ class SessionTurn:
         if self._turns is None and d3.state.turns:
             self._turns = list(d3.state.turns)  # the decision read them already
         settings = policy.session
+        self.ttl_s = settings.ttl_s  # how long the answer's record is kept (`remember`), whatever the mode
         stored = await self.stored(d3.policy, settings)
         if stored is None:
+            await self._check_owned(action.upstreams)
             return self._outcome(d3, "off", action.upstreams)
         key, previous, mark = stored
         if previous is None:
@@ -220,9 +231,25 @@ class SessionTurn:
             outcome, upstreams = "escalated", action.upstreams
         else:
             outcome, upstreams = "sticky", previous
+        await self._check_owned(upstreams)
         if outcome != "sticky" and not self.dry:
             await self.sessions.store.set(key, ",".join(upstreams) + mark, settings.ttl_s)
         return self._outcome(d3, outcome, upstreams)
+
+    async def _check_owned(self, upstreams: tuple[str, ...]) -> None:
+        """What the request continues is this caller's, whatever found its session (or none): a `previous_response_id`
+        (`_continued`, unless the session was found by it), and a Responses `conversation` (router/_sessions/owners.py):
+        404 if another's, or, in the proxy, one it never relayed, unless every upstream of the route is sent the
+        caller's own credential."""
+        previous = self.body.get("previous_response_id")
+        if isinstance(previous, str) and previous and self.source != "previous_response_id":
+            await self._continued(previous)
+        conversation = conversation_of(self.body)
+        if conversation is not None:
+            own = all(self.config.upstreams[name].forward_client_key for name in upstreams if name in
+                      self.config.upstreams)  # fmt: skip
+            await self.sessions.owners.check("conversation", conversation, self.caller, param="conversation",
+                                             unknown_ok=own or not self.sessions.relays)  # fmt: skip
 
     async def stored(self, policy: str, settings: SessionSettings) -> tuple[str, tuple[str, ...] | None, str] | None:
         """The session's record for this turn, read once (an overlap reads it before the decision, `route` after):
@@ -309,24 +336,18 @@ class SessionTurn:
         turns = self.turns()
         return bool(turns) and turns[-1].role == "tool"
 
-    async def remember(self, answer: bytes) -> None:
+    async def remember(self, answer: bytes, upstream: str = "") -> None:
         """A Responses answer's `id` joins this session, so that a request continuing it (`previous_response_id`)
         finds the session: a whole JSON answer, or a stream's event carrying the response (`response.created`,
         read before the stream ends); decoded already (`relay`). An unreadable one is left alone."""
-        if self.key is None or self.dry:
+        if self.dry:
             return
-        try:
-            data = json.loads(answer)
-        except ValueError:  # not JSON (an error page): nothing to remember
-            return
-        if isinstance(data, dict) and isinstance(data.get("response"), dict):  # an event: response.created
-            data = data["response"]
-        response_id = data.get("id") if isinstance(data, dict) else None
-        if isinstance(response_id, str) and response_id:
-            # One record per response, whoever sent it: its caller (hashed) and its session, so that another
-            # caller continuing it is refused, not only kept out of the session (`_continued`).
-            key = _response_key(self.sessions.hash("response", response_id))
-            await self.sessions.store.set(key, f"{self.sessions.hash('caller', self.caller)} {self.key}", self.ttl_s)
+        response_id = answer_id(answer)
+        if response_id is not None:
+            # One record per response, whoever sent it: its caller (hashed), its session and the upstream that keeps
+            # it, so that another caller continuing or reading it is refused, not only kept out of the session.
+            await self.sessions.owners.note("response", response_id, self.caller, upstream=upstream,
+                                            ttl_s=self.ttl_s, session=self.key or "")  # fmt: skip
 
 
 def session_salt(server: ServerSettings, environ: Mapping[str, str]) -> bytes:
@@ -369,7 +390,3 @@ def _claude_session(user_id: str) -> str | None:
 
 def _session_key(policy: str, key: str) -> str:
     return f"d3:session:{policy}:{key}"
-
-
-def _response_key(key: str) -> str:
-    return f"d3:response:{key}"

@@ -181,7 +181,11 @@ def _responses_tool(tool: Body, lost: list[str]) -> Body | None:
         out["strict"] = bool(function.get("strict", False))  # the Responses API's default is strict, chat's not
         return out
     if kind == "custom":
-        return {"type": "custom", **(tool.get("custom") or {})}
+        custom = dict(tool.get("custom") or {})
+        format_ = custom.get("format")
+        if isinstance(format_, dict) and format_.get("type") == "grammar":  # chat nests the grammar, Responses not
+            custom["format"] = {"type": "grammar", **(format_.get("grammar") or {})}
+        return {"type": "custom", **custom}
     named(lost, dropped(kind, "tool_dropped"))
     return None
 

@@ -79,7 +79,7 @@ def responses_to_chat(body: Body) -> tuple[Body, list[str]]:
     elif items is not None:
         messages.extend(_input_messages(items, "input", lost))
     out["messages"] = messages
-    tools = [tool for tool in (_chat_tool(tool, lost) for tool in _flat_tools(body.get("tools", []))) if tool]
+    tools = [tool for tool in (_chat_tool(tool, lost) for tool in _flat_tools(body.get("tools", []), lost)) if tool]
     if tools:
         out["tools"] = tools
     if body.get("tool_choice") is not None:
@@ -227,13 +227,15 @@ def flat_name(namespace: Any, name: Any) -> Any:
     return f"{namespace}{NAMESPACED}{name}" if isinstance(namespace, str) and namespace else name
 
 
-def _flat_tools(tools: Any) -> list[Body]:
+def _flat_tools(tools: Any, lost: list[str]) -> list[Body]:
     """The tools, a `namespace` tool's own tools (Codex groups its sub-agent tools so) taken out of it and named
     `NAMESPACE__NAME`: chat has no namespaces, and its function names allow `_`."""
     flat: list[Body] = []
     for tool in dicts(tools, "tools"):
         if tool.get("type") == "namespace":
             namespace = tool.get("name")
+            if tool.get("description"):
+                named(lost, "namespace_description_dropped")  # chat has no groups of tools to describe
             flat.extend(
                 {**inner, "name": flat_name(namespace, inner.get("name"))}
                 for inner in dicts(tool.get("tools", []), "tools")
@@ -254,16 +256,22 @@ def namespaces(body: Body) -> dict[str, tuple[str, str]]:
     return found
 
 
+# What chat's function and custom tools hold of a Responses tool; the rest (`defer_loading`, `allowed_callers`,
+# `output_schema`, `async`, ...) is named `tool_KEY_dropped` unless it is unset.
+_TOOL_KEYS = {"function": ("name", "description", "parameters", "strict"), "custom": ("name", "description")}
+
+
 def _chat_tool(tool: Body, lost: list[str]) -> Body | None:
     kind = tool.get("type")
-    if kind == "function":
-        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
-        return {"type": "function", "function": function}
-    if kind == "custom":
-        return {
-            "type": "custom",
-            "custom": {key: tool[key] for key in ("name", "description", "format") if key in tool},
-        }
+    if kind in ("function", "custom"):
+        carried = _TOOL_KEYS[kind]
+        inner = {key: tool[key] for key in carried if key in tool}
+        for key, value in tool.items():
+            if key not in (*carried, "type", "format") and value not in (None, False):
+                named(lost, "tool_" + dropped(key))
+        if kind == "custom" and tool.get("format") is not None:
+            inner["format"] = _chat_custom_format(tool["format"])
+        return {"type": kind, kind: inner}
     named(
         lost, dropped(kind, "tool_dropped")
     )  # built-in tools (web_search, file_search, ...) run at a Responses server only
@@ -281,6 +289,13 @@ def _chat_tool_choice(choice: Any, lost: list[str]) -> Any:
         return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": tools}}
     named(lost, "tool_choice_dropped")
     return None
+
+
+def _chat_custom_format(format_: Any) -> Any:
+    """A custom tool's input format in chat's spelling: a grammar's `definition` and `syntax` nested in `grammar`."""
+    if isinstance(format_, dict) and format_.get("type") == "grammar":
+        return {"type": "grammar", "grammar": {key: format_[key] for key in ("definition", "syntax") if key in format_}}
+    return format_
 
 
 def _chat_format(format_: Any) -> Any:

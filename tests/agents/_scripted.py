@@ -103,7 +103,7 @@ def _text(content: Any) -> str:
 
 
 def _wanted(text: str) -> tuple[str, str] | None:
-    found = re.findall(r"\b(DELEGATE|READ|DELETE) (/\S+)", text)
+    found = re.findall(r"\b(DELEGATE|READ|DELETE|PATCH) (/\S+)", text)
     return (found[-1][0], found[-1][1].rstrip(".,;'\"")) if found else None
 
 
@@ -191,6 +191,16 @@ GZIP = [False]  # whole Responses answers gzip-encoded (`content-encoding: gzip`
 TOKENS = [100]  # the usage Codex is told of: a test that wants a compaction raises it
 
 
+def shell_arguments(shell: str, wanted: tuple[str, str]) -> str:
+    """The arguments of a call of Codex's shell tool `shell` that runs `cat <path>` (`rm -f <path>` for DELETE: a
+    destructive call an answer guard must stop), in that tool's own shape."""
+    verb = "rm -f" if wanted[0] == "DELETE" else "cat"
+    command: Any = {"shell": {"command": [*verb.split(), wanted[1]]},
+                    "shell_command": {"command": f"{verb} {wanted[1]}"},
+                    "exec_command": {"cmd": f"{verb} {wanted[1]}"}}.get(shell, {"command": [*verb.split(), wanted[1]]})  # fmt: skip
+    return json.dumps(command)
+
+
 def _responses(body: dict[str, Any]) -> tuple[int, str, bytes]:
     model, items = str(body.get("model")), body.get("input") or []
     items = [{"role": "user", "content": items}] if isinstance(items, str) else items
@@ -210,12 +220,8 @@ def _responses(body: dict[str, Any]) -> tuple[int, str, bytes]:
         output.append({"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": "read_file",
                        "arguments": json.dumps({"path": wanted[1]}), "status": "completed"})  # fmt: skip
     elif wanted and shell:
-        verb = "rm -f" if wanted[0] == "DELETE" else "cat"  # DELETE: a destructive call an answer guard must stop
-        command: Any = {"shell": {"command": [*verb.split(), wanted[1]]},
-                        "shell_command": {"command": f"{verb} {wanted[1]}"},
-                        "exec_command": {"cmd": f"{verb} {wanted[1]}"}}.get(shell, {"command": [*verb.split(), wanted[1]]})  # fmt: skip
         output.append({"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "name": shell,
-                       "arguments": json.dumps(command), "status": "completed"})  # fmt: skip
+                       "arguments": shell_arguments(shell, wanted), "status": "completed"})  # fmt: skip
     else:
         output.append({"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
                        "content": [{"type": "output_text", "text": "ok", "annotations": []}]})  # fmt: skip

@@ -4,15 +4,7 @@ block shown once, an instruction injected in a file refused, and a sub-agent tha
 from __future__ import annotations
 
 from tests.agents._scripted import INJECTION, QUIET, SIGNATURE
-from tests.agents.conftest import Stack, cli, requests_by_action, run
-
-
-def claude(stack: Stack, prompt: str) -> str:
-    argv = [cli("claude"), "-p", prompt, "--permission-mode", "bypassPermissions", "--output-format", "text"]
-    env = {"ANTHROPIC_BASE_URL": stack.url, "ANTHROPIC_API_KEY": "sk-ant-dummy", "DISABLE_AUTOUPDATER": "1",
-           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1", "IS_SANDBOX": "1"}  # fmt: skip
-    done = run(argv, stack.work, env)
-    return done.stdout + done.stderr
+from tests.agents.conftest import Stack, claude, requests_by_action
 
 
 def tool_results(stack: Stack) -> list[str]:

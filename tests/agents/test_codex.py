@@ -10,17 +10,7 @@ import pytest
 
 from tests.agents import _scripted
 from tests.agents._scripted import INJECTION, QUIET
-from tests.agents.conftest import Stack, cli, requests_by_action, run
-
-
-def codex(stack: Stack, prompt: str, *config: str) -> str:
-    provider = f'{{name="d3", base_url="{stack.url}/v1", wire_api="responses", env_key="D3_KEY"}}'
-    argv = [cli("codex"), "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
-            "-c", "model_provider=d3", "-c", "model=gpt-5.1-codex", "-c", f"model_providers.d3={provider}",
-            *(arg for item in config for arg in ("-c", item)), prompt]  # fmt: skip
-    home = stack.work.parent / "home"
-    done = run(argv, stack.work, {"D3_KEY": "dummy", "CODEX_HOME": str(home)})
-    return done.stdout + done.stderr
+from tests.agents.conftest import Stack, codex, requests_by_action
 
 
 def outputs(stack: Stack) -> list[str]:

@@ -151,6 +151,25 @@ async def test_probe_is_the_first_engine_that_answers() -> None:
     assert probed is not None and probed.engine == "luna"
 
 
+async def test_probe_each_probes_every_engine_and_names_each_error() -> None:
+    class Bare:  # an engine with no probe is taken as answering it
+        model = "bare"
+
+        async def decide(self, *args: object, **kwargs: object) -> object:
+            raise AssertionError("not asked")
+
+        async def aclose(self) -> None:
+            pass
+
+    broken = EngineRejected(401, "the key is wrong")
+    d3, luna = FakeEngine(model="d3"), FakeEngine(model="luna", error=broken)
+    async with FailoverEngine([("d3", d3), ("luna", luna), ("bare", Bare())]) as engine:  # type: ignore[list-item]
+        probed = await engine.probe_each()
+        ready = await engine.probe()
+    assert probed == (("d3", None), ("luna", broken), ("bare", None))
+    assert ready is not None and ready.engine == "d3"  # the pool's own probe stops at the first that answers
+
+
 async def test_remote_d3_down_then_a_decisions_engine_answers_over_http() -> None:
     """The kinds mixed for real: a vLLM URL refusing connections, then a Decisions server (checked by the SDK's
     types)."""

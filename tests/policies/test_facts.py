@@ -60,6 +60,7 @@ def rules(*lines: str) -> str:
         ('caller.name == "nightly"', {"caller.name": "nightly"}, True),
         ('caller.group == ""', {"caller.group": ""}, True),
         ("session.turns >= 20", {"session.turns": 3}, False),
+        ("budget.used >= 0.8", {"budget.used": 0.85}, True),
     ],
 )
 def test_each_fact_compiles_with_its_type(source: str, known: dict[str, Any], expected: bool) -> None:
@@ -71,7 +72,7 @@ def test_each_fact_compiles_with_its_type(source: str, known: dict[str, Any], ex
 def test_every_fact_has_a_scope_a_type_and_a_description() -> None:
     assert set(FACTS) == {
         "request.tokens", "request.chars", "request.turns", "request.tools", "request.images", "request.videos",
-        "request.stream", "request.api", "caller.name", "caller.group", "session.turns",
+        "request.stream", "request.api", "caller.name", "caller.group", "session.turns", "budget.used",
     }  # fmt: skip
     assert FACTS["request.api"].options == ("chat", "completions", "responses", "messages")
     assert {fact.type for fact in FACTS.values()} == {"number", "string", "bool"}

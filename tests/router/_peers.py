@@ -1,5 +1,7 @@
-"""Real peers shared by the tests that start `d3router serve` as a process: a recording upstream, the wait for the
-router to serve, and starting and stopping a Python process of the tests' own."""
+"""Peers shared by the router's tests. Real ones, for the tests that start `d3router serve` as a process: a recording
+upstream, the wait for the router to serve, `d3router serve` started until ready, and starting and stopping a Python
+process of the tests' own. In process: the clients of a module's `app` fixture (an httpx client and the official
+SDKs, `proxy_clients`), and a Chat Completions fake's answers (`chat_reply`), for the translation tests."""
 
 from __future__ import annotations
 
@@ -9,14 +11,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import httpx2
+import openai
 import pytest
+
+from d3backend import free_port
+from router import ProxyApp
+from tests.router import _sdk_shapes as sdk
 
 
 class _Recording(BaseHTTPRequestHandler):
@@ -75,6 +84,37 @@ def wait_until_ready(url: str, process: subprocess.Popen[bytes], log: Path, wait
         time.sleep(0.2)
 
 
+@contextmanager
+def serving_router(config: Path, text: str, wait_s: float = 60) -> Iterator[str]:
+    """`d3router serve CONFIG` of the configuration `text` (written to `config`) on a free loopback port, its output in
+    `router.log` beside it, until it is ready (`wait_until_ready`); yields its URL, terminates it after."""
+    config.write_text(text, encoding="utf-8")
+    port = free_port()
+    log_path = config.parent / "router.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
+                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_ready(url, process, log_path, wait_s)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(15)
+
+
+def served_openai() -> Any:
+    """The fixture `sdk`: the official OpenAI client of the module's `router_url` (`sdk = served_openai()`), closed
+    after its test (its pooled connections with it)."""
+
+    @pytest.fixture(name="sdk")
+    def sdk_(router_url: str) -> Iterator[openai.OpenAI]:
+        with openai.OpenAI(base_url=f"{router_url}/v1", api_key="unused", max_retries=0) as client:
+            yield client
+
+    return sdk_
+
+
 def wait_ready(url: str, process: subprocess.Popen[bytes]) -> None:
     deadline = time.monotonic() + 60
     while True:
@@ -106,3 +146,66 @@ def stop(process: subprocess.Popen[bytes]) -> int:
         output = process.communicate()[0]
     print(output.decode(errors="replace"))
     return process.returncode
+
+
+# --- in process ---------------------------------------------------------------------------------------------------
+def proxy_clients() -> tuple[Any, Any, Any]:
+    """The fixtures `http` (an httpx client), `claude` (the `anthropic` SDK, key `sk-agent`) and `gpt` (the `openai`
+    SDK, key `sk-app`) of the module's `app` fixture, the router in process (the SDKs speak through httpx2):
+
+        http, claude, gpt = proxy_clients()
+    """
+
+    @pytest.fixture(name="http")
+    async def http_(app: ProxyApp) -> AsyncIterator[httpx.AsyncClient]:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as client:
+            yield client
+
+    @pytest.fixture(name="claude")
+    async def claude_(app: ProxyApp) -> AsyncIterator[anthropic.AsyncAnthropic]:
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
+            yield anthropic.AsyncAnthropic(base_url="http://router", api_key="sk-agent", http_client=client,
+                                           max_retries=0)  # fmt: skip
+
+    @pytest.fixture(name="gpt")
+    async def gpt_(app: ProxyApp) -> AsyncIterator[openai.AsyncOpenAI]:
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
+            yield openai.AsyncOpenAI(base_url="http://router/v1", api_key="sk-app", http_client=client, max_retries=0)
+
+    return http_, claude_, gpt_
+
+
+WEATHER = '{"city": "Oslo"}'  # a tool call's arguments, streamed as '{"ci' and 'ty": "Oslo"}'
+
+
+def chat_chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "qwen",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+
+
+def chat_reply(stream: bool, call: tuple[str, str, str] | None = None, *, split: bool = True) -> httpx.Response:
+    """A chat fake's answer (model `qwen`, 9 and 4 tokens), whole or streamed: "Rainy in Oslo." or the tool call
+    `call` (its id, name and arguments), its arguments streamed in two pieces (the first four characters, the rest)
+    when `split`, else in one."""
+    if stream:
+        chunks = [chat_chunk({"role": "assistant", "content": ""})]
+        if call is not None:
+            call_id, name, arguments = call
+            pieces = [arguments[:4], arguments[4:]] if split else [arguments]
+            chunks.append(chat_chunk({"tool_calls": [{"index": 0, "id": call_id, "type": "function",
+                                                      "function": {"name": name, "arguments": pieces[0]}}]}))  # fmt: skip
+            chunks += [chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": p}}]}) for p in pieces[1:]]
+            chunks.append(chat_chunk({}, "tool_calls"))
+        else:
+            chunks += [chat_chunk({"content": "Rainy"}), chat_chunk({"content": " in Oslo."}), chat_chunk({}, "stop")]
+        chunks.append({**chat_chunk({}), "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}})
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sdk.chunks_of(*chunks))
+    message: dict[str, Any] = {"role": "assistant", "content": "Rainy in Oslo."}
+    if call is not None:
+        call_id, name, arguments = call
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]}  # fmt: skip
+    completion = {"id": "c1", "object": "chat.completion", "created": 1, "model": "qwen",
+                  "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if call else "stop"}],
+                  "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}  # fmt: skip
+    return httpx.Response(200, json=completion)

@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-import respx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -21,53 +20,22 @@ from starlette.types import Scope
 
 from d3backend import FakeEngine
 from policies import parse_config
-from router import D3RouterMiddleware, create_app
+from router import D3RouterMiddleware
+from tests.router._callers import ROUTES, A, B, config_text, serving
 
 pytestmark = pytest.mark.anyio
-
-A, B = "sk-caller-a-0123456789", "sk-caller-b-0123456789"
-KEYS = "  auth: {keys: [{name: a, key_env: KEY_A}, {name: b, key_env: KEY_B}]}\n"
-CONFIG = """
-server:
-  decision_log: {{path: "{log}"}}
-{keys}upstreams:
-  small: {{url: http://small.test/v1}}
-  large: {{url: http://large.test/v1}}
-policies:
-  auto:
-    questions: {{hard: {{type: noul}}}}
-    rules:
-      - {{name: hard, when: hard > 0.5, route: large}}
-      - {{name: default, route: small}}
-"""
 
 
 def answers(state: Any, questions: Any) -> dict[str, Any]:
     return {"hard": 0.9 if "HARD" in json.dumps(state) else 0.1}
 
 
-def responder(name: str) -> Any:
-    count = [0]
-
-    def respond(request: httpx.Request) -> httpx.Response:
-        count[0] += 1
-        return httpx.Response(200, json={"id": f"resp_{name}_{count[0]}", "up": name})
-
-    return respond
-
-
 @pytest.fixture(params=["keys", "no-keys"])
 async def http(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    text = CONFIG.format(log=tmp_path / "decisions.jsonl", keys=KEYS if request.param == "keys" else "")
-    with respx.mock(assert_all_called=False) as mock:
-        for name in ("small", "large"):
-            mock.route(host=f"{name}.test").mock(side_effect=responder(name))
-        app = create_app(parse_config(text, str(tmp_path / "c.yaml")), engine=FakeEngine(answers),
-                         transport=httpx.AsyncHTTPTransport(), environ={"KEY_A": A, "KEY_B": B})  # fmt: skip
-        await app.startup()
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
-            yield client
-        await app.aclose()
+    server = f'\nserver:\n  decision_log: {{path: "{tmp_path / "decisions.jsonl"}"}}\n'
+    text = config_text(server, request.param == "keys")
+    async with serving(text, answers, {"KEY_A": A, "KEY_B": B}, path=str(tmp_path / "c.yaml")) as client:
+        yield client
 
 
 def chat(*texts: str, **extra: Any) -> dict[str, Any]:
@@ -144,9 +112,7 @@ class User:
 
 
 def app_with(caller: Any = None) -> Any:
-    config = parse_config(
-        CONFIG.format(log="/dev/null", keys="").replace('server:\n  decision_log: {path: "/dev/null"}\n', "")
-    )
+    config = parse_config(ROUTES)
     inner = Starlette(routes=[Route("/v1/chat/completions", routed, methods=["POST"])])
     app = D3RouterMiddleware(inner, config=config, engine=FakeEngine(answers), caller=caller)
 

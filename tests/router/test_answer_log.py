@@ -68,7 +68,8 @@ LINES = [f"line {i} of a long and harmless answer. " for i in range(8)]
 async def test_each_window_of_a_stream_writes_an_answer_line() -> None:
     response, lines = await logged(config_text(), long_stream(*LINES, f"and then {MARKER} at last."))
     assert response.status_code == 200 and MARKER.encode() not in response.content
-    request_line, *answers = lines
+    # The request's line is written once its answer ended (its usage known): after the answer's lines.
+    *answers, request_line = lines
     assert request_line["rule"] == "default" and "kind" not in request_line, "the request's line is as it was"
     assert [line["kind"] for line in answers] == ["answer"] * len(answers) and len(answers) > 2
     assert sorted(line["window"] for line in answers) == list(range(len(answers)))
@@ -82,7 +83,7 @@ async def test_each_window_of_a_stream_writes_an_answer_line() -> None:
 
 async def test_a_whole_answer_writes_one_line_and_no_text_without_states() -> None:
     text = config_text(extra="").replace("states: true", "states: false")
-    response, (_, line) = await logged(text, answer("chat", False, "a clean answer"), stream=False)
+    response, (line, _) = await logged(text, answer("chat", False, "a clean answer"), stream=False)
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "a clean answer"
     assert (line["kind"], line["rule"], line["outcome"], line["degraded"]) == ("answer", "-", "pass", False)
     assert "state" not in line and "window" not in line, "the answer's text is user content: only with states"
@@ -98,10 +99,10 @@ async def test_replay_judges_logged_answers_again_and_against_a_changed_guard(tm
     traffic = write(tmp_path, "traffic.jsonl", "".join(json.dumps(line) + "\n" for line in lines))
     config = load_config(write(tmp_path, "router.yaml", config_text()))
     read, bad = read_traffic(traffic, config)
-    assert bad == [] and [line.answer is not None for line in read] == [False] + [True] * (len(lines) - 1)
+    assert bad == [] and [line.answer is not None for line in read] == [True] * (len(lines) - 1) + [False]
     outcomes = await replay(config, read, engine=FakeEngine(verdicts))
-    assert [(o.rule, o.action) for o in outcomes[1:]] == [(line["rule"], line["outcome"]) for line in lines[1:]]
-    assert all(o.kind == "answer" and o.answers for o in outcomes[1:])
+    assert [(o.rule, o.action) for o in outcomes[:-1]] == [(line["rule"], line["outcome"]) for line in lines[:-1]]
+    assert all(o.kind == "answer" and o.answers for o in outcomes[:-1]) and outcomes[-1].kind != "answer"
 
 
 def test_the_replay_report_counts_answers_apart_and_lists_the_changed_ones(

@@ -11,7 +11,6 @@ from typing import Any
 
 import anthropic
 import httpx
-import httpx2
 import openai
 import pytest
 import respx
@@ -19,6 +18,7 @@ import respx
 from d3backend import FakeEngine
 from policies import parse_config
 from router import ProxyApp, create_app
+from tests.router._peers import proxy_clients
 
 pytestmark = pytest.mark.anyio
 
@@ -52,17 +52,7 @@ async def app() -> AsyncIterator[ProxyApp]:
     await proxy.aclose()
 
 
-@pytest.fixture
-async def http(app: ProxyApp) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as client:
-        yield client
-
-
-@pytest.fixture
-async def claude(app: ProxyApp) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    """The real `anthropic` SDK against the router in process (the SDK speaks through httpx2)."""
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
-        yield anthropic.AsyncAnthropic(base_url="http://router", api_key="sk-agent", http_client=client, max_retries=0)
+http, claude, gpt = proxy_clients()  # of `app`, in process
 
 
 def counter(tokens: int, seen: list[httpx.Request]) -> Any:

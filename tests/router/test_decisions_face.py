@@ -219,6 +219,26 @@ async def test_a_refusal_from_a_decisions_engine_behind_is_served_as_a_refusal()
     assert server.requests[0]["prompt_cache_key"] == "tenant-7"  # the client's key reaches the hosted model
 
 
+@pytest.mark.parametrize(
+    "engine",
+    ['{decisions: {url: "http://127.0.0.1:9/v1", model: luna-test}}', '{remote: {urls: ["http://127.0.0.1:9"]}}',
+     '{pool: [{remote: {urls: ["http://127.0.0.1:9"], model: d3}}, {decisions: {url: "http://127.0.0.1:9/v1", model: m}}]}'],
+)  # fmt: skip
+async def test_an_engine_the_configuration_sets_serves_applications_with_no_policy_asking(engine: str) -> None:
+    """A router serving only /v1/decisions (no policy asks anything) still runs the engine its `engine` names: it
+    answered 503 "no decision engine is configured" (found trying examples/pool.yaml's failover, issue 28.2)."""
+    app = create_app(parse_config(f"engine: {engine}\nupstreams: {{none: {{url: http://127.0.0.1:9/v1}}}}\n"))
+    try:
+        assert isinstance(app.service.engine, CachedEngine)
+    finally:
+        await app.aclose()
+    unset = create_app(parse_config("upstreams: {none: {url: http://127.0.0.1:9/v1}}\n"))
+    try:
+        assert unset.service.engine is None  # no engine named, no question asked: the embedded default is not started
+    finally:
+        await unset.aclose()
+
+
 # --- /v1/systemone ---------------------------------------------------------------------------------------------------
 async def test_systemone_serves_d3backends_own_remote_engine() -> None:
     fake = FakeEngine(TABLE, model="d3-test")

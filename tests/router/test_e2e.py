@@ -4,17 +4,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import anthropic
 import openai
 import pytest
 
-from d3backend import VllmServer, free_port
+from d3backend import VllmServer
 from tests.conftest import SERVED_MODEL
-from tests.router._peers import wait_until_ready
+from tests.router._peers import served_openai, serving_router
 
 pytestmark = pytest.mark.engine
 
@@ -25,8 +23,7 @@ def router_url(vllm_server: VllmServer, tmp_path_factory: pytest.TempPathFactory
     config = tmp_path_factory.mktemp("e2e") / "router.yaml"
     # expose_decisions: these tests read the rule and the upstream (x-d3-rule, x-d3-upstream) and a block's rule
     # as its error code, which a caller sees only with it or a debug key (closed by default, issue 25.4).
-    config.write_text(
-        f"""
+    text = f"""
 server: {{expose_decisions: true}}
 engine:
   remote: {{urls: ["{vllm_server.url}"], model: {SERVED_MODEL}, timeout_s: 10}}
@@ -47,31 +44,12 @@ policies:
     rules:
       - {{name: refuse, when: jailbreak >= 0, block: {{status: 403, message: Refused by policy.}}}}
       - {{name: default, route: local}}
-""",
-        encoding="utf-8",
-    )
-    port = free_port()
-    log = open(config.parent / "router.log", "wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(url, process, config.parent / "router.log", 60)
+"""
+    with serving_router(config, text) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(15)
-        log.close()
 
 
-@pytest.fixture
-def sdk(router_url: str) -> Iterator[openai.OpenAI]:
-    """The official OpenAI client, closed after its test (its pooled connections with it)."""
-    with openai.OpenAI(base_url=f"{router_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
+sdk = served_openai()
 
 
 def test_routed_completion_with_headers(sdk: openai.OpenAI) -> None:

@@ -4,8 +4,6 @@ not, with tools and a tool result; the real engine deciding."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,9 +14,9 @@ import anthropic
 import httpx
 import pytest
 
-from d3backend import VllmServer, free_port
+from d3backend import VllmServer
 from tests.conftest import SERVED_MODEL
-from tests.router._peers import wait_until_ready
+from tests.router._peers import serving_router
 
 pytestmark = pytest.mark.engine
 
@@ -76,8 +74,7 @@ def router_url(
     vllm_server: VllmServer, gated: tuple[str, list[str]], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     config = tmp_path_factory.mktemp("e2e-translate") / "router.yaml"
-    config.write_text(
-        f"""
+    text = f"""
 server: {{expose_decisions: true}}
 engine:
   remote: {{urls: ["{vllm_server.url}"], model: {SERVED_MODEL}, timeout_s: 10}}
@@ -91,21 +88,9 @@ policies:
     rules:
       - {{name: any-kind, when: kind.code >= 0, route: chatonly, set: {{max_tokens: 8}}}}
       - {{name: default, route: chatonly}}
-""",
-        encoding="utf-8",
-    )
-    port = free_port()
-    log = open(config.parent / "router.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_ready(url, process, config.parent / "router.log", 60)
+"""
+    with serving_router(config, text) as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(15)
-        log.close()
 
 
 @pytest.fixture

@@ -7,17 +7,15 @@ back to the model as a chat `tool` message."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from d3backend import ServerError, VllmServer, free_port
+from d3backend import ServerError, VllmServer
 from tests.conftest import SERVED_MODEL, require_vllm
-from tests.router._peers import wait_until_ready
+from tests.router._peers import served_openai, serving_router
 
 pytestmark = pytest.mark.engine
 
@@ -49,8 +47,7 @@ def tool_vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
 @pytest.fixture(scope="module")
 def router_url(tool_vllm: VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = tmp_path_factory.mktemp("e2e-translate") / "router.yaml"
-    config.write_text(
-        f"""
+    text = f"""
 server: {{expose_decisions: true}}
 engine:
   remote: {{urls: ["{tool_vllm.url}"], model: {SERVED_MODEL}, timeout_s: 10}}
@@ -70,27 +67,12 @@ policies:
     rules:
       - {{name: any-kind, when: kind.code >= 0, route: responsesonly}}
       - {{name: default, route: responsesonly}}
-""",
-        encoding="utf-8",
-    )
-    port = free_port()
-    log_path = config.parent / "router.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
-                                   stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            wait_until_ready(f"http://127.0.0.1:{port}", process, log_path, 60)
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            process.terminate()
-            process.wait(15)
+"""
+    with serving_router(config, text) as url:
+        yield url
 
 
-@pytest.fixture
-def sdk(router_url: str) -> Iterator[openai.OpenAI]:
-    """The official OpenAI client, closed after its test (its pooled connections with it)."""
-    with openai.OpenAI(base_url=f"{router_url}/v1", api_key="unused", max_retries=0) as client:
-        yield client
+sdk = served_openai()
 
 
 def test_the_responses_api_calls_a_function_and_reads_its_output_through_chat(sdk: openai.OpenAI) -> None:

@@ -140,3 +140,79 @@ async def test_v1_decisions_names_a_pool_by_its_engines_models() -> None:
                 await app.aclose()
     assert other.status_code == 503  # one engine's model is asked of it alone (tests/router/test_engine_pool_faces.py)
     assert served.status_code == 200 and served.json()["answers"][0]["probability"] == pytest.approx(0.8)
+
+
+async def test_a_debug_caller_sees_which_engine_answered_a_decided_request_and_v1_decisions() -> None:
+    """`x-d3-engine`, beside `x-d3-cache`: a user trying a pool through the SDK could not tell which engine answered
+    (only the decision log and /metrics said so)."""
+    from router import create_app
+
+    server = DecisionsServer({"code": 0.9, "sql": 0.8})
+    question = {"type": "predicate", "name": "sql", "instructions": "Is this about SQL?"}
+    exposed = CONFIG.replace("upstreams:", "server: {expose_decisions: true}\nupstreams:", 1)
+    with respx.mock(assert_all_called=False) as mock:
+        mock.post("http://d3.test/v1/systemone").mock(side_effect=httpx.ConnectError("refused"))
+        mock.post("http://small.test/v1/chat/completions").respond(200, json={"ok": True})
+        async with pool(mock, server) as engine:
+            for text, shown in ((exposed, True), (CONFIG, False)):
+                app = create_app(parse_config(text), engine=engine, transport=httpx.MockTransport(mock.async_handler))
+                try:
+                    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as http:
+                        chat = await http.post("/v1/chat/completions", json=BODY)
+                        decided = await http.post(
+                            "/v1/decisions", json={"model": "pool(d3,luna-test)", "input": "x", "questions": [question]}
+                        )
+                finally:
+                    await app.aclose()
+                assert chat.status_code == decided.status_code == 200
+                engines = (chat.headers.get("x-d3-engine"), decided.headers.get("x-d3-engine"))
+                assert engines == (("decisions", "decisions") if shown else (None, None))  # closed by default
+
+
+async def test_an_engine_alone_adds_no_engine_header() -> None:
+    from d3backend import FakeEngine
+    from router import create_app
+
+    exposed = CONFIG.replace("upstreams:", "server: {expose_decisions: true}\nupstreams:", 1)
+    with respx.mock() as mock:
+        mock.post("http://small.test/v1/chat/completions").respond(200, json={"ok": True})
+        app = create_app(parse_config(exposed), engine=FakeEngine({"code": 0.9}),
+                         transport=httpx.MockTransport(mock.async_handler))  # fmt: skip
+        try:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as http:
+                chat = await http.post("/v1/chat/completions", json=BODY)
+        finally:
+            await app.aclose()
+    assert chat.status_code == 200 and chat.headers["x-d3-rule"] == "code" and "x-d3-engine" not in chat.headers
+
+
+async def test_at_startup_each_engine_of_the_pool_that_fails_its_probe_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pool is ready when one engine answers its probe, so a failover with a wrong key, URL or model was found
+    only in an outage, when every decision ended in on_engine_error (serving examples/pool.yaml with the failover
+    down: not a line at startup). Now each engine is probed once at startup and each one that fails is logged."""
+    import logging
+
+    from router import create_app
+
+    server = DecisionsServer({})
+    server.status = 401
+    with respx.mock(assert_all_called=False) as mock:
+        mock.post("http://d3.test/v1/systemone").mock(return_value=systemone_ready())
+        async with pool(mock, server) as engine:
+            app = create_app(parse_config(CONFIG), engine=engine, transport=httpx.AsyncHTTPTransport())
+            try:
+                with caplog.at_level(logging.WARNING):
+                    await app.startup()
+                ready = app.ready
+            finally:
+                await app.aclose()
+    assert ready and len(server.requests) == 1  # ready (d3 answers), the failover probed once
+    (warning,) = [r for r in caplog.records if "cannot take over" in r.getMessage()]
+    assert "'decisions'" in warning.getMessage() and "401" in warning.getMessage()
+
+
+def systemone_ready() -> httpx.Response:
+    answer = {"type": "noul", "probabilities": {"yes": 0.5, "no": 0.5}, "confidence": 0.5}
+    return httpx.Response(200, json={"model": "d3", "answers": {"ready": answer}, "usage": {}})

@@ -7,7 +7,11 @@ Caller A opens a conversation that the engine sends to `large` and continues it 
 sends A's later turn with the same id: it is decided alone (`small`, a new session), its explain (the admin token,
 as B) shows no route of A's, it sees no cache state (`x-d3-cache`: A's identical decision is in the cache), and a
 Responses chain of A's is refused to it (400 previous_response_not_found): the upstream, called with the router's
-own key, would otherwise continue A's conversation for B.
+own key, would otherwise continue A's conversation for B. The same for what the upstream keeps: a Responses
+`conversation` A made (through `server.passthrough`) is A's session, and B naming it (either spelling), or one never
+made, is 404 in OpenAI's shape for the request and for explain, as are its paths (`/v1/conversations/{id}`, its
+items); A's stored response (`GET`/`DELETE /v1/responses/{id}`, `input_items`, `cancel`) is read from the upstream
+that made it for A only. Nothing of B's then reaches an upstream.
 """
 
 from __future__ import annotations
@@ -19,32 +23,19 @@ from typing import Any
 
 import httpx
 import pytest
-import respx
 
-from d3backend import FakeEngine
-from policies import parse_config
-from router import create_app
+from tests.router._callers import A, B, config_text, serving
 
 pytestmark = pytest.mark.anyio
 
-A, B = "sk-caller-a-0123456789", "sk-caller-b-0123456789"
 ADMIN = "admin-token-0123456789"
 ENVIRON = {"KEY_A": A, "KEY_B": B, "ADMIN": ADMIN}
-CONFIG = """
+SERVER = """
 server:
   admin_token_env: ADMIN
-  sessions: {{header: x-conversation}}
-{keys}upstreams:
-  small: {{url: http://small.test/v1}}
-  large: {{url: http://large.test/v1}}
-policies:
-  auto:
-    questions: {{hard: {{type: noul}}}}
-    rules:
-      - {{name: hard, when: hard > 0.5, route: large}}
-      - {{name: default, route: small}}
+  sessions: {header: x-conversation}
+  passthrough: ['/v1/*']
 """
-KEYS = "  auth: {keys: [{name: a, key_env: KEY_A}, {name: b, key_env: KEY_B}]}\n"
 CLAUDE_USER = json.dumps({"device_id": "d-1", "account_uuid": "", "session_id": "5f0c1e9a-claude-session"})
 
 
@@ -106,28 +97,16 @@ PAIRS: list[tuple[str, bool, Credential, Credential]] = [
 ]
 
 
-def responder(name: str) -> Any:
-    count = [0]
-
-    def respond(request: httpx.Request) -> httpx.Response:
-        count[0] += 1
-        return httpx.Response(200, json={"id": f"resp_{name}_{count[0]}", "up": name})
-
-    return respond
+Pair = tuple[httpx.AsyncClient, Credential, Credential]
+SEEN: list[httpx.Request] = []  # what reached the upstreams, in order (the fixture empties it)
 
 
 @pytest.fixture(params=PAIRS, ids=[pair[0] for pair in PAIRS])
-async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[httpx.AsyncClient, Credential, Credential]]:
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[Pair]:
     _, keys, first, second = request.param
-    with respx.mock(assert_all_called=False) as mock:
-        for name in ("small", "large"):
-            mock.route(host=f"{name}.test").mock(side_effect=responder(name))
-        app = create_app(parse_config(CONFIG.format(keys=KEYS if keys else ""), "c.yaml"), engine=FakeEngine(answers),
-                         transport=httpx.AsyncHTTPTransport(), environ=ENVIRON)  # fmt: skip
-        await app.startup()
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://r") as client:
-            yield client, first, second
-        await app.aclose()
+    SEEN.clear()
+    async with serving(config_text(SERVER, keys), answers, ENVIRON, SEEN) as client:
+        yield client, first, second
 
 
 HIDDEN = ("x-d3-cache", "x-d3-answers", "x-d3-rule", "x-d3-decision-ms", "x-d3-upstream")
@@ -176,3 +155,56 @@ async def test_caller_b_cannot_continue_a_responses_chain_of_caller_a(
         assert explained.status_code == 400 and "large" not in explained.text
     unknown = {**body, "previous_response_id": "resp_never_relayed"}  # an id the router never saw: B's own chain
     assert (await http.post(path, json=unknown, headers=as_b(path))).json()["up"] == "small"
+
+
+def not_found(response: httpx.Response, param: str | None = None) -> None:
+    """OpenAI's answer to an id it does not know: 404 invalid_request_error (the SDKs raise `NotFoundError`)."""
+    assert response.status_code == 404, response.text
+    error = response.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", param), error
+
+
+async def test_caller_b_cannot_use_a_conversation_of_caller_a(pair: Pair) -> None:
+    http, as_a, as_b = pair
+    path = "/v1/responses"
+    made = await http.post("/v1/conversations", json={}, headers=as_a(path))  # through server.passthrough
+    assert made.status_code == 200, made.text
+    conversation = made.json()["id"]
+    first = await http.post(path, json={"model": "auto", "input": "HARD question", "conversation": conversation},
+                            headers=as_a(path))  # fmt: skip
+    assert first.json()["up"] == "large", first.text
+    later = {"model": "auto", "input": "thanks", "conversation": {"id": conversation}}  # the history is upstream
+    own = await http.post(path, json=later, headers=as_a(path))
+    assert (own.json()["up"], own.headers["x-d3-session"]) == ("large", "sticky")  # the conversation is A's session
+    assert (await http.get(f"/v1/conversations/{conversation}/items", headers=as_a(path))).status_code == 200
+    seen = len(SEEN)
+
+    for named in (conversation, {"id": conversation}, "conv_never_made"):  # A's, either spelling; one never made
+        stranger = await http.post(path, json={**later, "conversation": named}, headers=as_b(path))
+        not_found(stranger, "conversation")
+        explained = await http.post("/v1/d3/explain", json={**later, "conversation": named},
+                                    headers={**as_b(path), "x-d3-admin-token": ADMIN})  # fmt: skip
+        assert explained.status_code == 404 and "large" not in explained.text
+    for method, url in [("GET", f"/v1/conversations/{conversation}"), ("GET", f"/v1/conversations/{conversation}/items"),
+                        ("POST", f"/v1/conversations/{conversation}/items"), ("POST", f"/v1/conversations/{conversation}"),
+                        ("DELETE", f"/v1/conversations/{conversation}"), ("GET", "/v1/conversations/conv_never_made")]:  # fmt: skip
+        not_found(await http.request(method, url, headers=as_b(path)))
+    assert SEEN[seen:] == []  # nothing of B's reached an upstream (called with the router's key)
+
+
+async def test_caller_b_cannot_read_a_stored_response_of_caller_a(pair: Pair) -> None:
+    http, as_a, as_b = pair
+    path = "/v1/responses"
+    first = await http.post(path, json={"model": "auto", "input": "HARD question"}, headers=as_a(path))
+    assert first.json()["up"] == "large"
+    stored = first.json()["id"]
+    urls = [("GET", f"/v1/responses/{stored}"), ("GET", f"/v1/responses/{stored}/input_items"),
+            ("POST", f"/v1/responses/{stored}/cancel"), ("DELETE", f"/v1/responses/{stored}")]  # fmt: skip
+    seen = len(SEEN)
+    for method, url in [*urls, ("GET", "/v1/responses/resp_never_relayed")]:
+        not_found(await http.request(method, url, headers=as_b(path)))
+    assert SEEN[seen:] == []  # nothing of B's reached an upstream (called with the router's key)
+    for method, url in urls:  # A's own, from the upstream that made it
+        own = await http.request(method, url, headers=as_a(path))
+        assert (own.status_code, own.json()["up"]) == (200, "large"), (method, url, own.text)
+    assert [(r.method, r.url.path) for r in SEEN[seen:]] == [(m, u) for m, u in urls]

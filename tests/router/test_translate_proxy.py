@@ -11,7 +11,6 @@ from typing import Any
 
 import anthropic
 import httpx
-import httpx2
 import openai
 import pytest
 import respx
@@ -21,6 +20,7 @@ from policies import ConfigError, parse_config
 from router import ProxyApp, create_app
 from router._translate.base import UNSIGNED, sse
 from tests.router import _sdk_shapes as sdk
+from tests.router._peers import WEATHER, chat_reply, proxy_clients
 
 pytestmark = pytest.mark.anyio
 
@@ -57,11 +57,6 @@ TOOLS = [{"name": "weather", "description": "The weather", "input_schema": {"typ
 seen: list[httpx.Request] = []
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "qwen",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
-
-
 def chat_upstream(request: httpx.Request) -> httpx.Response:
     """A chat-only fake: what it is sent is checked by the openai SDK's request types."""
     seen.append(request)
@@ -71,46 +66,11 @@ def chat_upstream(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=b"<html>oops</html>", headers={"content-type": "text/html"})
     if body["messages"][-1]["content"] == "fail":
         return httpx.Response(429, json={"error": {"message": "slow down", "type": "rate_limit"}})
+    stream = bool(body.get("stream"))
+    if body["messages"][-1]["content"] == "clean up":  # a destructive command, streamed in one piece
+        return chat_reply(stream, ("call_2" if stream else "call_1", "Bash", '{"command": "rm -rf /"}'), split=False)
     asks_tool = body["messages"][-1]["role"] == "user" and "tools" in body
-    command = '{"command": "rm -rf /"}' if body["messages"][-1]["content"] == "clean up" else None
-    if body.get("stream"):
-        chunks = [_chunk({"role": "assistant", "content": ""})]
-        if command:
-            chunks += [_chunk({"tool_calls": [{"index": 0, "id": "call_2", "type": "function",
-                                               "function": {"name": "Bash", "arguments": command}}]}),
-                       _chunk({}, "tool_calls")]  # fmt: skip
-        elif asks_tool:
-            chunks += [_chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                               "function": {"name": "weather", "arguments": '{"ci'}}]}),
-                       _chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}),
-                       _chunk({}, "tool_calls")]  # fmt: skip
-        else:
-            chunks += [_chunk({"content": "Rainy"}), _chunk({"content": " in Oslo."}), _chunk({}, "stop")]
-        chunks.append({**_chunk({}), "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}})
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sdk.chunks_of(*chunks))
-    message: dict[str, Any] = {"role": "assistant", "content": "Rainy in Oslo."}
-    finish = "stop"
-    if asks_tool or command:
-        call = (
-            {"name": "Bash", "arguments": command} if command else {"name": "weather", "arguments": '{"city": "Oslo"}'}
-        )
-        message = {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [{"id": "call_1", "type": "function", "function": call}],
-        }
-        finish = "tool_calls"
-    return httpx.Response(
-        200,
-        json={
-            "id": "c1",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "qwen",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-            "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
-        },
-    )
+    return chat_reply(stream, ("call_1", "weather", WEATHER) if asks_tool else None)
 
 
 MESSAGE = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
@@ -154,23 +114,7 @@ async def app() -> AsyncIterator[ProxyApp]:
         await proxy.aclose()
 
 
-@pytest.fixture
-async def http(app: ProxyApp) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as client:
-        yield client
-
-
-@pytest.fixture
-async def claude(app: ProxyApp) -> AsyncIterator[anthropic.AsyncAnthropic]:
-    """The real `anthropic` SDK against the router in process (the SDK speaks through httpx2)."""
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
-        yield anthropic.AsyncAnthropic(base_url="http://router", api_key="sk-agent", http_client=client, max_retries=0)
-
-
-@pytest.fixture
-async def gpt(app: ProxyApp) -> AsyncIterator[openai.AsyncOpenAI]:
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as client:
-        yield openai.AsyncOpenAI(base_url="http://router/v1", api_key="sk-app", http_client=client, max_retries=0)
+http, claude, gpt = proxy_clients()  # of `app`, in process
 
 
 async def test_the_anthropic_sdk_calls_a_tool_and_reads_the_result_through_a_chat_upstream(

@@ -18,7 +18,7 @@ from d3backend import FakeEngine
 from policies import parse_config
 from router import ProxyApp, create_app
 from router._translate.base import sse
-from tests.router import _sdk_shapes as sdk
+from tests.router._peers import WEATHER, chat_reply
 
 pytestmark = pytest.mark.anyio
 
@@ -40,11 +40,6 @@ TOOL = {"type": "function", "name": "weather", "description": "The weather", "st
 seen: list[httpx.Request] = []
 
 
-def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-    return {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "qwen",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
-
-
 def chat_upstream(request: httpx.Request) -> httpx.Response:
     seen.append(request)
     body = json.loads(request.content)
@@ -52,25 +47,7 @@ def chat_upstream(request: httpx.Request) -> httpx.Response:
     if last["content"] == "fail":
         return httpx.Response(429, json={"error": {"message": "slow down", "type": "rate_limit_error"}})
     calls = last["role"] == "user" and "tools" in body
-    if body.get("stream"):
-        chunks = [_chunk({"role": "assistant", "content": ""})]
-        if calls:
-            chunks += [_chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                               "function": {"name": "weather", "arguments": '{"ci'}}]}),
-                       _chunk({"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}),
-                       _chunk({}, "tool_calls")]  # fmt: skip
-        else:
-            chunks += [_chunk({"content": "Rainy"}), _chunk({"content": " in Oslo."}), _chunk({}, "stop")]
-        chunks.append({**_chunk({}), "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}})
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sdk.chunks_of(*chunks))
-    message: dict[str, Any] = {"role": "assistant", "content": "Rainy in Oslo."}
-    if calls:
-        message = {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]}  # fmt: skip
-    completion = {"id": "c1", "object": "chat.completion", "created": 1, "model": "qwen",
-                  "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
-                  "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}}  # fmt: skip
-    return httpx.Response(200, json=completion)
+    return chat_reply(bool(body.get("stream")), ("call_1", "weather", WEATHER) if calls else None)
 
 
 RESPONSE = {"id": "resp_1", "object": "response", "created_at": 1, "model": "gpt-x", "status": "completed",
