@@ -25,8 +25,8 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
+from benchmarks._harness import PY, Target, _pin, interleaved, load, process
 from benchmarks._report import add_arguments, write
-from benchmarks.router import PY, Target, _pin, interleaved, load, process
 from d3backend import free_port
 
 ROW = "answer guard, 2,000-token stream"  # the router benchmark's --only picks these rows by this name

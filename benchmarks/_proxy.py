@@ -190,9 +190,9 @@ def bench_config(upstream: str, sessions: str | None = None, policy: str = "ques
         text += ANSWER_GUARD
     if model is not None:
         text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", model: {json.dumps(model)}', 1)
-    if UPSTREAM_API is not None:  # benchmarks/_translaterows.py: the two APIs a translation carries to it
+    if UPSTREAM_API is not None:  # benchmarks/_translaterows.py: the three APIs its translations carry
         text = text.replace(f'url: "{upstream}"', f'url: "{upstream}", api: {UPSTREAM_API}', 1)
-        text = text.replace("\n  auto:\n", "\n  auto:\n    apis: [chat, messages]\n", 1)
+        text = text.replace("\n  auto:\n", "\n  auto:\n    apis: [chat, messages, responses]\n", 1)
     if sessions is None:
         return text
     if sessions not in ("off", "memory") and not sessions.startswith(("redis://", "rediss://", "unix://")):

@@ -1,8 +1,5 @@
 """The router benchmark's usage rows (issue 29): what reading every answer's tokens, and budgets, add to a cache hit.
 
-    rows += _usagerows.rows(proxy, interleaved, upstream, levels, requests, rounds, extra, only, pin)
-    extra["usage"] = _usagerows.vs_off(rows)
-
     python -m benchmarks.router --no-engine --only "d3router usage" [--rounds 3] [--requests 3000]
 
 Four rows, plain and streamed, each the cache-hit row's proxy (benchmarks/_proxy.py `router --engine cache`), the
@@ -15,17 +12,23 @@ same request carrying the bench key (benchmarks/_keyrows.py):
             decision, added to once the answer ended; never used up)
 - `REDIS`   the same limits in the benchmark's own redis-server (one MGET before, one script after)
 
-The facts-only policy's row (no engine call) is the router benchmark's own ("facts-only policy").
+The facts-only policy's row (no engine call) is the router benchmark's own ("facts-only policy"). A row family
+(benchmarks/_families.py): `rows(run)` measures, `summary(rows)` (`vs_off`) sets each row against its base.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
 from benchmarks import _keyrows, _sessionrows
 from benchmarks._apirows import picked
+from benchmarks._families import Run
+from benchmarks._harness import _pin, interleaved
+from benchmarks._targets import proxy
+
+NAME = "usage"
+COLUMNS: list[str] = []  # its figures are in its summary lines
 
 OFF = "d3router usage off (cache hit)"
 ON = "d3router usage counted (cache hit)"
@@ -47,17 +50,16 @@ def _chosen(only: list[str]) -> list[str]:
     return [name for name in ROWS if name in names or name in against]
 
 
-def rows(
-    proxy: Callable[..., Any], interleaved: Callable[..., list[dict[str, Any]]], upstream: str,
-    levels: tuple[int, ...], requests: int, rounds: int, extra: dict[str, Any], only: list[str], pin: list[str],
-) -> list[dict[str, Any]]:  # fmt: skip
+def rows(run: Run) -> list[dict[str, Any]]:
     """Each chosen usage row and the rows it is set against, plain then streamed, loaded in turns."""
-    chosen = _chosen(only)
+    chosen = _chosen(run.only)
     if not chosen:
         return []
+    upstream, extra, levels, rounds = run.upstream, run.extra, run.levels, run.rounds
+    requests = run.requests // 3 or 10
     out: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        redis = stack.enter_context(_sessionrows.redis_server(pin)) if REDIS in chosen else ""
+        redis = stack.enter_context(_sessionrows.redis_server(_pin(0))) if REDIS in chosen else ""
         for stream in (False, True):
             with ExitStack() as proxies:
                 targets = [
@@ -89,3 +91,6 @@ def vs_off(found: list[dict[str, Any]]) -> dict[str, str]:
                 lines[f"usage: {prefix}{name}"] = (f"{prefix}{name} over {against}: " + "; ".join(parts)
                                                    + (f"; {errors} errors" if errors else ""))  # fmt: skip
     return lines
+
+
+summary = vs_off

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import peak_rss_mb, process
 from benchmarks._report import add_arguments, write
-from benchmarks.router import peak_rss_mb, process
 from d3backend import free_port
 
 CONFIG = """

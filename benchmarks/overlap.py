@@ -29,9 +29,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks._answers import PATHS, request
+from benchmarks._harness import PY, Target, _pin, interleaved, load, process
 from benchmarks._overlaprows import BLOCKED, ELSEWHERE
 from benchmarks._report import add_arguments, write
-from benchmarks.router import PY, Target, _pin, interleaved, load, process
 from d3backend import free_port
 
 APIS = {**PATHS, "completions": "/v1/completions"}

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks._harness import PY, _pin, peak_rss_mb, process
 from benchmarks._report import add_arguments, write
-from benchmarks.router import PY, _pin, peak_rss_mb, process
 from d3backend import free_port
 
 

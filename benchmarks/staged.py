@@ -35,8 +35,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from benchmarks._harness import _tree, cpu_seconds, process
 from benchmarks._report import add_arguments, write
-from benchmarks.router import _tree, cpu_seconds, process
 from d3backend import DecisionEngine, FakeEngine, JSONValue, Question, RemoteEngine, VllmServer, free_port, make_model
 from policies import Config, load_config
 from router._decision.service import RouterService

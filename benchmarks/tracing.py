@@ -21,8 +21,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from benchmarks._harness import PY, Target, _pin, interleaved, load, process
 from benchmarks._report import add_arguments, write
-from benchmarks.router import PY, Target, _pin, interleaved, load, process
 from d3backend import free_port
 
 LEVELS = (1, 8)
