@@ -139,7 +139,7 @@ def test_the_input_is_given_as_it_comes() -> None:
 
 
 def test_arguments_of_another_shape_are_held_and_read_whole() -> None:
-    for arguments, whole in [('{"more": 1, "input": "x"}', "x"), ('{"input": 3}', '{"input": 3}'), ("raw", "raw"),
+    for arguments, whole in [('{"more": 1, "input": "x"}', "x"), ('{"a": "input\\": \\"y", "input": "x"}', "x"), ('{"input": 3}', '{"input": 3}'), ("raw", "raw"),
                              ("", ""), ('{"input": "\\ud83d"}', "?")]:  # fmt: skip
         decoder = InputStream()
         fed = "".join(decoder.feed(char) for char in arguments)
