@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from router._translate._custom_tools import InputStream
 from router._translate._responses_answers import (
     call_item,
     chat_usage,
@@ -26,7 +27,6 @@ from router._translate._responses_answers import (
     response_usage,
     status_of,
 )
-from router._translate._custom_tools import InputStream
 from router._translate._responses_requests import custom_names, flat_name, namespaces
 from router._translate.base import Body, EventTranslator, SseEvent, dropped, sse
 
@@ -39,7 +39,8 @@ class ResponsesFromChat(EventTranslator):
         self.asked = asked
         self.spaces = namespaces(asked or {})
         self.custom = custom_names(asked or {}) if custom_tools == "function" else set()
-        self.inputs: dict[int, InputStream] = {}  # a custom tool's call, made as a function call: output index -> its input
+        # output index -> the input of a custom tool's call, made as a function's
+        self.inputs: dict[int, InputStream] = {}
         self.sequence = 0
         self.response: Body | None = None
         self.output: list[Body] = []  # the items as they stand, in output order

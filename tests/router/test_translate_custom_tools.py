@@ -45,9 +45,9 @@ def test_a_custom_tool_is_a_function_taking_its_input_as_one_string() -> None:
     assert parameters["properties"]["input"]["description"].endswith("lark grammar:\n" + GRAMMAR)  # the format
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
     call, result = chat["messages"][-2:]
+    arguments = json.dumps({"input": PATCH}, ensure_ascii=False)
     assert call["tool_calls"] == [{"id": "call_p", "type": "function",
-                                   "function": {"name": "apply_patch", "arguments": json.dumps({"input": PATCH},
-                                                                                               ensure_ascii=False)}}]  # fmt: skip
+                                   "function": {"name": "apply_patch", "arguments": arguments}}]  # fmt: skip
     assert json.loads(call["tool_calls"][0]["function"]["arguments"]) == {"input": PATCH}
     assert result == {"role": "tool", "tool_call_id": "call_p", "content": "Done."}
     assert "custom_tool_as_function" in lost
@@ -68,7 +68,7 @@ def test_a_free_form_tool_a_long_grammar_and_an_allowed_tools_choice() -> None:
 def test_vllms_own_request_model_takes_the_translated_codex_request() -> None:
     """vLLM's chat server (0.32) takes function tools only: the translated Codex request passes its request model,
     which refuses the custom tool `native` sends."""
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: PLC0415 - slow import
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # imported here: slow (~6 s)
 
     body = codex_request(EXEC, APPLY_PATCH, {"type": "web_search", "external_web_access": True})
     body["input"] += [{"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": PATCH}]
@@ -139,16 +139,18 @@ def test_the_input_is_given_as_it_comes() -> None:
 
 
 def test_arguments_of_another_shape_are_held_and_read_whole() -> None:
-    for arguments, whole in [('{"more": 1, "input": "x"}', "x"), ('{"a": "input\\": \\"y", "input": "x"}', "x"), ('{"input": 3}', '{"input": 3}'), ("raw", "raw"),
-                             ("", ""), ('{"input": "\\ud83d"}', "?")]:  # fmt: skip
+    for arguments, whole in [('{"more": 1, "input": "x"}', "x"), ('{"a": "input\\": \\"y", "input": "x"}', "x"),
+                             ('{"input": 3}', '{"input": 3}'), ("raw", "raw"), ("", ""),
+                             ('{"input": "\\ud83d"}', "?")]:  # fmt: skip
         decoder = InputStream()
         fed = "".join(decoder.feed(char) for char in arguments)
         assert fed + decoder.end() == whole == input_of(arguments), arguments
 
 
 def chunk(delta: dict[str, Any] | None, finish: str | None = None, usage: dict[str, Any] | None = None) -> bytes:
+    choices = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]
     body: dict[str, Any] = {"id": "c1", "object": "chat.completion.chunk", "created": 7, "model": "up",
-                            "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+                            "choices": choices}  # fmt: skip
     if usage is not None:
         body["usage"] = usage
     return b"data: " + json.dumps(body).encode() + b"\n\n"
