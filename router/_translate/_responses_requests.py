@@ -7,7 +7,9 @@
 What chat cannot hold is left out and named (`web_search_tool_dropped`, `reasoning_item_dropped`,
 `store_dropped`, ...), never dropped silently; what would change the answer's meaning behind the client's back is
 refused (400): `previous_response_id`, `conversation` and `prompt` refer to state kept at a Responses server, which
-a chat upstream has not got. Reasoning items are never sent on: no chat model made them. The other direction is
+a chat upstream has not got. Reasoning items are never sent on: no chat model made them. Custom tools (Codex's
+`apply_patch`) go as function tools taking one string, `input` (`_custom_tools`; `custom_tool_as_function`), unless
+the upstream is set to take chat's own (`custom_tools: native`). The other direction is
 `_chat_requests`; the answers and the streams are in `_responses_answers` and `_responses_streams`.
 """
 
