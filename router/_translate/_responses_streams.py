@@ -8,9 +8,8 @@ Each `feed` answers at once with what the event makes (possibly nothing), never 
 chunk's text is an `output_text.delta` as soon as it comes. A Responses stream starts with `response.created` and
 `response.in_progress`; each output item is opened (`output_item.added`, `content_part.added`), filled
 (`output_text.delta`, `reasoning_text.delta`, `refusal.delta`, `function_call_arguments.delta`, and
-`custom_tool_call_input.delta` for a custom tool's call made as a function's, its `input` decoded as it comes, see
-`_custom_tools.InputStream`) and closed (`.done`
-events, `output_item.done`) in order, and the stream ends with `response.completed` (or `response.incomplete`)
+`custom_tool_call_input.delta` for a custom tool's call made as a function's, its `input` decoded as it comes by
+`_custom_tools.InputStream`) and closed (`.done` events, `output_item.done`) in order, and the stream ends with `response.completed` (or `response.incomplete`)
 carrying the whole response and its usage: at the chunk that brings the usage, else at `flush` (the upstream's end).
 """
 

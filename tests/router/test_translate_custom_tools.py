@@ -215,3 +215,15 @@ def test_native_keeps_chats_custom_tools() -> None:
     assert chat["tools"][0]["type"] == "custom" and "custom_tool_as_function" not in lost
     item = Response.model_validate(tr.answer(completion(function("c1", "apply_patch", '{"input": "x"}')))[0])
     assert item.output[0].type == "function_call"  # only a function tool's call comes as a function call there
+
+
+def test_a_custom_tool_reaches_a_messages_upstream_as_a_tool_through_chat() -> None:
+    composed = translation("responses", "messages")
+    assert composed is not None
+    body, lost = composed.request({"model": "m", "input": "hi", "tools": [APPLY_PATCH]})
+    assert body["tools"][0]["name"] == "apply_patch" and body["tools"][0]["input_schema"]["required"] == ["input"]
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m", "stop_reason": "tool_use",
+               "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 1},
+               "content": [{"type": "tool_use", "id": "toolu_1", "name": "apply_patch", "input": {"input": PATCH}}]}  # fmt: skip
+    call = Response.model_validate(composed.answer(message)[0]).output[0]
+    assert call.type == "custom_tool_call" and call.input == PATCH and "custom_tool_as_function" in lost
