@@ -9,8 +9,9 @@ chunk's text is an `output_text.delta` as soon as it comes. A Responses stream s
 `response.in_progress`; each output item is opened (`output_item.added`, `content_part.added`), filled
 (`output_text.delta`, `reasoning_text.delta`, `refusal.delta`, `function_call_arguments.delta`, and
 `custom_tool_call_input.delta` for a custom tool's call made as a function's, its `input` decoded as it comes by
-`_custom_tools.InputStream`) and closed (`.done` events, `output_item.done`) in order, and the stream ends with `response.completed` (or `response.incomplete`)
-carrying the whole response and its usage: at the chunk that brings the usage, else at `flush` (the upstream's end).
+`_custom_tools.InputStream`) and closed (`.done` events, `output_item.done`) in order, and the stream ends with
+`response.completed` (or `response.incomplete`) carrying the whole response and its usage: at the chunk that brings
+the usage, else at `flush` (the upstream's end).
 """
 
 from __future__ import annotations
