@@ -6,9 +6,12 @@ and vLLM's own request model accept, and a call of that function back as a `cust
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -130,6 +133,17 @@ def test_streamed_arguments_decode_to_the_input_however_they_are_cut(arguments: 
             assert "".join(decoder.feed(piece) for piece in pieces) + decoder.end() == whole, (cut, pieces)
     decoder = InputStream()
     assert decoder.feed(arguments[:-3]) == whole[:-1] or not whole.endswith("\n")  # not held: all but the end
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(), st.booleans(), st.lists(st.integers(0, 400), max_size=8), st.sampled_from(["", " ", "\n  "]))
+def test_any_input_cut_anywhere_decodes_to_itself(text: str, ascii_only: bool, cuts: list[int], space: str) -> None:
+    """Hypothesis: any text (lone surrogates too, as `?`), escaped or not, with JSON's whitespace, cut anywhere."""
+    arguments = "{" + space + '"input"' + space + ":" + space + json.dumps(text, ensure_ascii=ascii_only) + space + "}"
+    bounds = sorted({0, len(arguments), *(cut % (len(arguments) + 1) for cut in cuts)})
+    decoder = InputStream()
+    fed = "".join(decoder.feed(arguments[a:b]) for a, b in pairwise(bounds)) + decoder.end()
+    assert fed == input_of(arguments) == text.encode("utf-8", "replace").decode("utf-8")
 
 
 def test_the_input_is_given_as_it_comes() -> None:
