@@ -270,6 +270,12 @@ class UpstreamSettings(Strict):
         "(no translation). Set: a request of another API is translated to it and its answers back, what cannot be "
         "carried named in x-d3-translation-losses (docs/translation.md).",
     )
+    custom_tools: Literal["function", "native"] = Field(
+        "function",
+        description="How a Responses request's custom tools (Codex's `apply_patch`) reach this upstream when it "
+        "speaks chat: `function`, as function tools taking the input as one string (what vLLM and most chat servers "
+        "take), their calls back as custom tool calls; `native`, as chat's own custom tools (OpenAI's chat API).",
+    )
     tier: int = Field(
         0,
         description="This upstream's strength for policies with `session: {mode: escalate}`: higher is stronger. "

@@ -178,7 +178,7 @@ def carry(
     certain)."""
     if upstream.api is None or upstream.api == api.name:
         return None
-    tr = translation(api.name, upstream.api)
+    tr = translation(api.name, upstream.api, {"custom_tools": upstream.custom_tools})
     if tr is None:
         raise BadRequest(f"this route's upstream speaks the {upstream.api!r} API and no translation carries a "
                          f"{api.name!r} request to it; set the policy's `apis` (docs/translation.md)")  # fmt: skip

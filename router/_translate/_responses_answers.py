@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from router._translate._responses_requests import flat_name, namespaces
+from router._translate._custom_tools import input_of
+from router._translate._responses_requests import custom_names, flat_name, namespaces
 from router._translate.base import Body, dropped, named
 
 Spaces = Mapping[str, tuple[str, str]] | None
@@ -123,9 +124,20 @@ def reasoning_item(text: str, item_id: str | None = None) -> Body:
     }
 
 
-def call_item(call: Body, item_id: str | None = None, status: str = "completed", spaces: Spaces = None) -> Body:
+def call_item(
+    call: Body,
+    item_id: str | None = None,
+    status: str = "completed",
+    spaces: Spaces = None,
+    custom: Collection[str] = (),
+) -> Body:
     """A chat tool call as a `function_call` (or `custom_tool_call`) output item; a flat name of a namespaced tool
-    (`spaces`, from the request) is its namespace and name again."""
+    (`spaces`, from the request) is its namespace and name again; a function call of one of the request's custom
+    tools (`custom`: they went to chat as function tools) is a `custom_tool_call` with its `input` argument."""
+    function = call.get("function")
+    if call.get("type", "function") == "function" and isinstance(function, dict) and function.get("name") in custom:
+        input_ = input_of(str(function.get("arguments") or ""))
+        call = {"id": call.get("id"), "type": "custom", "custom": {"name": function["name"], "input": input_}}
     item = _call_item(call, item_id, status)
     if spaces and item["name"] in spaces:
         item["namespace"], item["name"] = spaces[item["name"]]
@@ -154,8 +166,10 @@ def _call_item(call: Body, item_id: str | None, status: str) -> Body:
     }
 
 
-def chat_to_response(answer: Body, asked: Body | None = None) -> tuple[Body, list[str]]:
-    """A chat completion as a Responses `response`; only the first choice is carried (`choices` named otherwise)."""
+def chat_to_response(answer: Body, asked: Body | None = None, custom_tools: str = "function") -> tuple[Body, list[str]]:
+    """A chat completion as a Responses `response`; only the first choice is carried (`choices` named otherwise).
+    With `custom_tools="function"` (the request's custom tools went as function tools), a call of one is a
+    `custom_tool_call` again."""
     lost: list[str] = []
     choices = [choice for choice in answer.get("choices") or () if isinstance(choice, dict)]
     if len(choices) > 1:
@@ -183,7 +197,9 @@ def chat_to_response(answer: Body, asked: Body | None = None) -> tuple[Body, lis
             {"id": new_id("msg"), "type": "message", "role": "assistant", "status": "completed", "content": parts}
         )
     spaces = namespaces(asked or {})
-    output.extend(call_item(call, spaces=spaces) for call in message.get("tool_calls") or () if isinstance(call, dict))
+    custom = custom_names(asked or {}) if custom_tools == "function" else set()
+    calls = [call for call in message.get("tool_calls") or () if isinstance(call, dict)]
+    output.extend(call_item(call, spaces=spaces, custom=custom) for call in calls)
     status, incomplete = status_of(choice.get("finish_reason"))
     response = {
         "id": new_id("resp"),

@@ -7,7 +7,9 @@
 What chat cannot hold is left out and named (`web_search_tool_dropped`, `reasoning_item_dropped`,
 `store_dropped`, ...), never dropped silently; what would change the answer's meaning behind the client's back is
 refused (400): `previous_response_id`, `conversation` and `prompt` refer to state kept at a Responses server, which
-a chat upstream has not got. Reasoning items are never sent on: no chat model made them. The other direction is
+a chat upstream has not got. Reasoning items are never sent on: no chat model made them. Custom tools (Codex's
+`apply_patch`) go as function tools taking one string, `input` (`_custom_tools`; `custom_tool_as_function`), unless
+the upstream is set to take chat's own (`custom_tools: native`). The other direction is
 `_chat_requests`; the answers and the streams are in `_responses_answers` and `_responses_streams`.
 """
 
@@ -17,6 +19,7 @@ import json
 from typing import Any
 
 from router._errors import BadRequest
+from router._translate._custom_tools import LOSS, function_call, function_tool
 from router._translate.base import Body, dropped, named
 
 # The sampling and bookkeeping fields both APIs spell and mean the same way.
@@ -54,8 +57,11 @@ def text_of(parts: Any) -> str:
     return ""
 
 
-def responses_to_chat(body: Body) -> tuple[Body, list[str]]:
-    """A Responses request as a chat request, and the names of what a chat upstream cannot be given."""
+def responses_to_chat(body: Body, custom_tools: str = "function") -> tuple[Body, list[str]]:
+    """A Responses request as a chat request, and the names of what a chat upstream cannot be given. Custom tools
+    go as function tools (`_custom_tools`), or as chat's own custom tools with `custom_tools="native"` (OpenAI's
+    chat API takes them, most chat servers do not)."""
+    as_function = custom_tools == "function"
     for name in STATEFUL:
         if body.get(name) is not None:
             raise BadRequest(
@@ -72,18 +78,19 @@ def responses_to_chat(body: Body) -> tuple[Body, list[str]]:
     if isinstance(instructions, str):
         messages.append({"role": "system", "content": instructions})
     elif instructions is not None:
-        messages.extend(_input_messages(instructions, "instructions", lost))
+        messages.extend(_input_messages(instructions, "instructions", lost, as_function))
     items = body.get("input")
     if isinstance(items, str):
         messages.append({"role": "user", "content": items})
     elif items is not None:
-        messages.extend(_input_messages(items, "input", lost))
+        messages.extend(_input_messages(items, "input", lost, as_function))
     out["messages"] = messages
-    tools = [tool for tool in (_chat_tool(tool, lost) for tool in _flat_tools(body.get("tools", []), lost)) if tool]
+    flat = _flat_tools(body.get("tools", []), lost)
+    tools = [tool for tool in (_chat_tool(tool, lost, as_function) for tool in flat) if tool]
     if tools:
         out["tools"] = tools
     if body.get("tool_choice") is not None:
-        choice = _chat_tool_choice(body["tool_choice"], lost)
+        choice = _chat_tool_choice(body["tool_choice"], lost, as_function)
         if choice is not None and tools:
             out["tool_choice"] = choice
         elif choice not in (None, "auto", "none"):
@@ -126,8 +133,9 @@ def responses_to_chat(body: Body) -> tuple[Body, list[str]]:
     return out, lost
 
 
-def _input_messages(items: Any, where: str, lost: list[str]) -> list[Body]:
-    """Input items as chat messages: consecutive tool calls join the assistant message before them."""
+def _input_messages(items: Any, where: str, lost: list[str], as_function: bool) -> list[Body]:
+    """Input items as chat messages: consecutive tool calls join the assistant message before them (a custom tool's
+    call as a function call when `as_function`)."""
     messages: list[Body] = []
     for item in dicts(items, where):
         kind = item.get("type", "message")
@@ -144,7 +152,9 @@ def _input_messages(items: Any, where: str, lost: list[str]) -> list[Body]:
                 )
         elif kind in ("function_call", "custom_tool_call"):
             name = flat_name(item.get("namespace"), item.get("name"))
-            if kind == "function_call":
+            if kind == "custom_tool_call" and as_function:
+                call = function_call(item.get("call_id"), name, item.get("input", ""))
+            elif kind == "function_call":
                 call = {
                     "id": item.get("call_id"),
                     "type": "function",
@@ -256,12 +266,21 @@ def namespaces(body: Body) -> dict[str, tuple[str, str]]:
     return found
 
 
+def custom_names(body: Body) -> set[str]:
+    """The chat function names of the request's custom tools (a namespace's as `NAMESPACE__NAME`)."""
+    found: set[str] = set()
+    for tool in _flat_tools(body.get("tools") or [], []) if isinstance(body.get("tools"), list) else ():
+        if tool.get("type") == "custom" and isinstance(tool.get("name"), str):
+            found.add(tool["name"])
+    return found
+
+
 # What chat's function and custom tools hold of a Responses tool; the rest (`defer_loading`, `allowed_callers`,
 # `output_schema`, `async`, ...) is named `tool_KEY_dropped` unless it is unset.
 _TOOL_KEYS = {"function": ("name", "description", "parameters", "strict"), "custom": ("name", "description")}
 
 
-def _chat_tool(tool: Body, lost: list[str]) -> Body | None:
+def _chat_tool(tool: Body, lost: list[str], as_function: bool) -> Body | None:
     kind = tool.get("type")
     if kind in ("function", "custom"):
         carried = _TOOL_KEYS[kind]
@@ -269,6 +288,9 @@ def _chat_tool(tool: Body, lost: list[str]) -> Body | None:
         for key, value in tool.items():
             if key not in (*carried, "type", "format") and value not in (None, False):
                 named(lost, "tool_" + dropped(key))
+        if kind == "custom" and as_function:
+            named(lost, LOSS)
+            return function_tool(tool)
         if kind == "custom" and tool.get("format") is not None:
             inner["format"] = _chat_custom_format(tool["format"])
         return {"type": kind, kind: inner}
@@ -278,14 +300,16 @@ def _chat_tool(tool: Body, lost: list[str]) -> Body | None:
     return None
 
 
-def _chat_tool_choice(choice: Any, lost: list[str]) -> Any:
+def _chat_tool_choice(choice: Any, lost: list[str], as_function: bool) -> Any:
     if isinstance(choice, str):
         return choice
     kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "custom" and as_function:
+        return {"type": "function", "function": {"name": choice.get("name")}}
     if kind in ("function", "custom"):
         return {"type": kind, kind: {"name": choice.get("name")}}
     if kind == "allowed_tools":
-        tools = [_chat_tool_choice(tool, lost) for tool in choice.get("tools", ())]
+        tools = [_chat_tool_choice(tool, lost, as_function) for tool in choice.get("tools", ())]
         return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode"), "tools": tools}}
     named(lost, "tool_choice_dropped")
     return None

@@ -7,9 +7,11 @@
 Each `feed` answers at once with what the event makes (possibly nothing), never holding the stream back: a chat
 chunk's text is an `output_text.delta` as soon as it comes. A Responses stream starts with `response.created` and
 `response.in_progress`; each output item is opened (`output_item.added`, `content_part.added`), filled
-(`output_text.delta`, `reasoning_text.delta`, `refusal.delta`, `function_call_arguments.delta`) and closed (`.done`
-events, `output_item.done`) in order, and the stream ends with `response.completed` (or `response.incomplete`)
-carrying the whole response and its usage: at the chunk that brings the usage, else at `flush` (the upstream's end).
+(`output_text.delta`, `reasoning_text.delta`, `refusal.delta`, `function_call_arguments.delta`, and
+`custom_tool_call_input.delta` for a custom tool's call made as a function's, its `input` decoded as it comes by
+`_custom_tools.InputStream`) and closed (`.done` events, `output_item.done`) in order, and the stream ends with
+`response.completed` (or `response.incomplete`) carrying the whole response and its usage: at the chunk that brings
+the usage, else at `flush` (the upstream's end).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from router._translate._custom_tools import InputStream
 from router._translate._responses_answers import (
     call_item,
     chat_usage,
@@ -26,17 +29,20 @@ from router._translate._responses_answers import (
     response_usage,
     status_of,
 )
-from router._translate._responses_requests import flat_name, namespaces
+from router._translate._responses_requests import custom_names, flat_name, namespaces
 from router._translate.base import Body, EventTranslator, SseEvent, dropped, sse
 
 
 class ResponsesFromChat(EventTranslator):
     """A chat upstream's stream as the Responses events its client expects."""
 
-    def __init__(self, asked: Body | None = None) -> None:
+    def __init__(self, asked: Body | None = None, custom_tools: str = "function") -> None:
         super().__init__()
         self.asked = asked
         self.spaces = namespaces(asked or {})
+        self.custom = custom_names(asked or {}) if custom_tools == "function" else set()
+        # output index -> the input of a custom tool's call, made as a function's
+        self.inputs: dict[int, InputStream] = {}
         self.sequence = 0
         self.response: Body | None = None
         self.output: list[Body] = []  # the items as they stand, in output order
@@ -179,6 +185,9 @@ class ResponsesFromChat(EventTranslator):
         if index is None:
             out += self._close_open()
             index = self.calls[position] = len(self.output)
+            if "custom" not in call and function.get("name") in self.custom:  # a custom tool's, as a function's
+                self.inputs[index] = InputStream()
+                call = {"id": call.get("id"), "type": "custom"}
             item = call_item(
                 {**call, "function": {**function, "arguments": ""}, "custom": {**function, "input": ""}},
                 status="in_progress",
@@ -187,6 +196,9 @@ class ResponsesFromChat(EventTranslator):
             self.output.append(item)
             out += self._event("response.output_item.added", output_index=index, item=dict(item))
         item = self.output[index]
+        decoder = self.inputs.get(index)
+        if decoder is not None:
+            arguments = decoder.feed(arguments)  # the `input` argument's characters, as they come
         if not arguments:
             return out
         field, event = (
@@ -208,6 +220,12 @@ class ResponsesFromChat(EventTranslator):
             item = self.output[index]
             if item["status"] != "completed":
                 item["status"] = "completed"
+                rest = self.inputs[index].end() if index in self.inputs else ""
+                if rest:
+                    item["input"] += rest
+                    out += self._event(
+                        "response.custom_tool_call_input.delta", item_id=item["id"], output_index=index, delta=rest
+                    )
                 field, event = (
                     ("input", "response.custom_tool_call_input.done")
                     if item["type"] == "custom_tool_call"

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from policies import ApiName
 from router._translate.base import Body, SseEvent, StreamTranslator, Translation
@@ -47,19 +47,27 @@ def _load() -> None:
             importlib.import_module(f"router._translate.{info.name}")
 
 
-def translation(client: str, upstream: str) -> Translation | None:
+def translation(client: str, upstream: str, options: Mapping[str, Any] | None = None) -> Translation | None:
     """The translation a `client` request needs to an `upstream` API: None for the same API or a pair neither
-    registered nor composable through chat (X -> chat -> Y, both halves registered)."""
+    registered nor composable through chat (X -> chat -> Y, both halves registered). `options` (the upstream's
+    settings, e.g. `custom_tools`) are given to each pair that has an attribute of that name."""
     if client == upstream:
         return None
     _load()
     made = _PAIRS.get((client, upstream))
     if made is not None:
-        return made()
+        return _with(made(), options)
     first, second = _PAIRS.get((client, "chat")), _PAIRS.get(("chat", upstream))
     if first is None or second is None:
         return None
-    return Composed(first(), second())
+    return Composed(_with(first(), options), _with(second(), options))
+
+
+def _with(tr: Translation, options: Mapping[str, Any] | None) -> Translation:
+    for key, value in (options or {}).items():
+        if hasattr(tr, key):
+            setattr(tr, key, value)
+    return tr
 
 
 def pairs() -> list[tuple[str, str]]:

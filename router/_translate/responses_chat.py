@@ -28,7 +28,8 @@ from router._translate.registry import pair
 class ResponsesOverChat:
     """A Responses request to a Chat Completions upstream. `previous_response_id`, `conversation` and `prompt` are
     refused (400): they name state a chat upstream has not got. Built-in tools, reasoning items and `store` are
-    named and left out."""
+    named and left out. Custom tools go as function tools taking one string (`custom_tools = "function"`, the
+    default: what every chat server takes), or as chat's own custom tools (`"native"`: OpenAI's chat API)."""
 
     client: ApiName = "responses"
     upstream: ApiName = "chat"
@@ -36,16 +37,17 @@ class ResponsesOverChat:
 
     def __init__(self) -> None:
         self.asked: Body = {}
+        self.custom_tools = "function"
 
     def request(self, body: Body) -> tuple[Body, list[str]]:
         self.asked = body
-        return responses_to_chat(body)
+        return responses_to_chat(body, self.custom_tools)
 
     def answer(self, body: Body) -> tuple[Body, list[str]]:
-        return chat_to_response(body, self.asked)
+        return chat_to_response(body, self.asked, self.custom_tools)
 
     def stream(self) -> ResponsesFromChat:
-        return ResponsesFromChat(self.asked)
+        return ResponsesFromChat(self.asked, self.custom_tools)
 
     def error(self, status: int, body: bytes) -> bytes:
         return error_body(status, body)

@@ -5,8 +5,9 @@ Each request is checked against the `openai` SDK's chat types (`tests/router/_sd
 take is answered 400, as a strict provider would. The script, in chat's shapes: a request without tools is answered
 "ok"; a conversation whose last turn is a tool result is answered "ANSWER: <the result>"; else, when the latest user
 text says `READ <path>`, a call of the `Read` tool (Claude Code's) or of Codex's shell tool (`cat <path>`), and when
-it says `PATCH <path>`, a call of Codex's custom tool `apply_patch` adding that file; a call's arguments are streamed
-in two pieces. With `reasoning_effort`, each answer opens with `reasoning_content`, as vLLM's reasoning parsers give
+it says `PATCH <path>`, a call of Codex's custom tool `apply_patch` adding that file (a function call with the
+patch as its `input` argument when the tool came as a function, as the router sends it by default); a call's
+arguments are streamed in two pieces. With `reasoning_effort`, each answer opens with `reasoning_content`, as vLLM's reasoning parsers give
 it.
 """
 
@@ -53,7 +54,11 @@ def _chat(body: dict[str, Any]) -> tuple[int, str, bytes]:
         text = "ANSWER: " + _text(last.get("content"))[:300]
     elif wanted and wanted[0] == "PATCH" and "apply_patch" in tools:  # Codex's custom tool: a patch adding a file
         patch = f"*** Begin Patch\n*** Add File: {wanted[1]}\n+patched through chat\n*** End Patch\n"
-        call = {"id": f"call_{n}", "type": "custom", "custom": {"name": "apply_patch", "input": patch}}
+        kind = next(tool["type"] for tool in body["tools"] if tool[tool["type"]].get("name") == "apply_patch")
+        call = ({"id": f"call_{n}", "type": "custom", "custom": {"name": "apply_patch", "input": patch}}
+                if kind == "custom" else  # as the router sends it by default: a function taking `input`
+                {"id": f"call_{n}", "type": "function",
+                 "function": {"name": "apply_patch", "arguments": json.dumps({"input": patch})}})  # fmt: skip
     elif wanted and "Read" in tools:
         call = {"id": f"call_{n}", "type": "function",
                 "function": {"name": "Read", "arguments": json.dumps({"file_path": wanted[1]})}}  # fmt: skip

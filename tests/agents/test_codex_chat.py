@@ -5,6 +5,7 @@ test (`test_claude_code_chat.py`)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
@@ -39,8 +40,9 @@ def test_codex_finishes_a_shell_task_on_a_chat_only_upstream(chat_stack: Stack) 
     assert first["reasoning_effort"] == "low"
     names = {tool[tool["type"]]["name"] for tool in first["tools"]}
     shell = next(name for name in SHELL_TOOLS if name in names)  # Codex's function tools carried as chat's
-    grammar = next(tool["custom"]["format"] for tool in first["tools"] if tool["type"] == "custom")
-    assert grammar["type"] == "grammar" and grammar["grammar"]["syntax"] == "lark"  # apply_patch, in chat's spelling
+    patch = next(tool for tool in first["tools"] if tool[tool["type"]]["name"] == "apply_patch")
+    assert patch["type"] == "function" and patch["function"]["parameters"]["required"] == ["input"]  # what vLLM takes
+    assert "lark grammar" in patch["function"]["parameters"]["properties"]["input"]["description"]  # its format
     messages: list[dict[str, Any]] = second["messages"]
     assert messages[0]["role"] == "system" and "Codex" in messages[0]["content"][0]["text"]  # its instructions
     calls = [call for m in messages if m["role"] == "assistant" for call in m.get("tool_calls") or ()]
@@ -53,7 +55,7 @@ def test_codex_finishes_a_shell_task_on_a_chat_only_upstream(chat_stack: Stack) 
     named = losses(stack)
     # What Codex sends that chat cannot hold is named, never dropped silently.
     assert {"web_search_tool_dropped", "tool_search_tool_dropped", "include_dropped", "client_metadata_dropped",
-            "reasoning_item_dropped"} <= set(named), named  # fmt: skip
+            "reasoning_item_dropped", "custom_tool_as_function"} <= set(named), named  # fmt: skip
 
 
 def test_an_injected_instruction_is_still_refused_on_a_translated_route(chat_stack: Stack) -> None:
@@ -64,15 +66,16 @@ def test_an_injected_instruction_is_still_refused_on_a_translated_route(chat_sta
 
 
 def test_codex_applies_a_patch_its_custom_tool_carried_by_chat(chat_stack: Stack) -> None:
-    """`apply_patch` is a custom tool (a Lark grammar): the chat model's streamed custom call comes back to Codex as
-    a `custom_tool_call`, Codex applies it, and its output goes back as the tool message."""
+    """`apply_patch` is a custom tool (a Lark grammar), sent to chat as a function taking its `input`: the chat
+    model's streamed function call comes back to Codex as a `custom_tool_call`, Codex applies it, and its output goes
+    back as the tool message answering the function call."""
     made = chat_stack.work / "made.txt"
     out = codex(chat_stack, f"PATCH {made} with a new file", "model=gpt-5.5")
     assert made.exists() and made.read_text() == "patched through chat\n", out[-3000:]
     second = chat_stack.upstream.generations()[-1].body["messages"]
     calls = [call for m in second if m["role"] == "assistant" for call in m.get("tool_calls") or ()]
-    assert [(call["type"], call["custom"]["name"]) for call in calls] == [("custom", "apply_patch")]
-    assert calls[0]["custom"]["input"].startswith("*** Begin Patch")
+    assert [(call["type"], call["function"]["name"]) for call in calls] == [("function", "apply_patch")]
+    assert json.loads(calls[0]["function"]["arguments"])["input"].startswith("*** Begin Patch")
     results = [m for m in second if m["role"] == "tool"]
     assert [result["tool_call_id"] for result in results] == [calls[0]["id"]]
     assert "ANSWER:" in out

@@ -133,3 +133,32 @@ def test_the_chat_api_through_a_responses_only_upstream(sdk: openai.OpenAI) -> N
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
     assert chunks[-1].usage is not None and 0 < chunks[-1].usage.completion_tokens <= 8
+
+
+PATCH_TOOL = {"type": "custom", "name": "apply_patch", "description": "Edit files with a patch.",
+              "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /(.|\\n)*/'}}  # fmt: skip
+
+
+def test_a_custom_tool_reaches_vllm_as_a_function_and_comes_back_a_custom_call(sdk: openai.OpenAI) -> None:
+    """Codex's `apply_patch` is a custom tool, which vLLM's chat server refuses: it goes as a function taking its
+    `input`, which vLLM fills under the forced choice's schema, and the streamed call comes back a `custom_tool_call`
+    (its input decoded as it comes)."""
+    with sdk.responses.stream(
+        model="tochat", input="Add a file hello.txt saying hi.", tools=[PATCH_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "custom", "name": "apply_patch"}, max_output_tokens=48,
+    ) as stream:  # fmt: skip
+        events = list(stream)  # the SDK's accumulator checked every event's ids and order
+    final = events[-1].response  # type: ignore[union-attr]  # incomplete when the tiny model runs to the limit
+    kinds = [event.type for event in events]
+    assert (
+        kinds[-1] in ("response.completed", "response.incomplete") and "response.custom_tool_call_input.done" in kinds
+    )
+    call = next(item for item in final.output if item.type == "custom_tool_call")
+    deltas = "".join(event.delta for event in events if event.type == "response.custom_tool_call_input.delta")
+    assert call.name == "apply_patch" and call.call_id and deltas == call.input
+    raw = sdk.responses.with_raw_response.create(
+        model="tochat", input="Add a file hello.txt saying hi.", tools=[PATCH_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "custom", "name": "apply_patch"}, max_output_tokens=48,
+    )  # fmt: skip
+    assert "custom_tool_as_function" in raw.headers["x-d3-translation-losses"]
+    assert [item.type for item in raw.parse().output if item.type != "reasoning"][-1] == "custom_tool_call"

@@ -340,7 +340,10 @@ def test_responses_reaches_messages_through_chat() -> None:
     assert body["system"] and body["messages"][0]["role"] == "user" and lost == []
 
 
-def test_custom_tools_both_ways() -> None:
+def test_custom_tools_both_ways_kept_custom_for_a_chat_api_that_takes_them() -> None:
+    """`custom_tools: native` (OpenAI's chat API takes chat's custom tools): carried as they are, both ways."""
+    native = over_chat()
+    native.custom_tools = "native"
     body = {
         "model": "m",
         "input": [
@@ -350,7 +353,7 @@ def test_custom_tools_both_ways() -> None:
         ],
         "tools": [{"type": "custom", "name": "apply_patch", "description": "Patch.", "format": {"type": "text"}}],
     }
-    chat, lost = over_chat().request(body)
+    chat, lost = native.request(body)
     assert chat["messages"][1:] == [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_p", "type": "custom", "custom": {"name": "apply_patch", "input": "*** Begin Patch"}}]},
@@ -362,7 +365,7 @@ def test_custom_tools_both_ways() -> None:
     assert back["input"][1:] == body["input"][1:] and back["tools"] == body["tools"] and lost == more == []
     answer = {**COMPLETION, "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {"tool_calls": [
         {"id": "call_q", "type": "custom", "custom": {"name": "apply_patch", "input": "x"}}]}}]}  # fmt: skip
-    item = Response.model_validate(over_chat().answer(answer)[0]).output[0]
+    item = Response.model_validate(native.answer(answer)[0]).output[0]
     assert item.type == "custom_tool_call" and (item.call_id, item.name, item.input) == ("call_q", "apply_patch", "x")
     again = ChatCompletion.model_validate(over_responses().answer(item_response(item.model_dump()))[0])
     assert again.choices[0].message.tool_calls is not None and again.choices[0].finish_reason == "tool_calls"

@@ -11,6 +11,7 @@ from openai.types.responses.response_create_params import ResponseCreateParamsNo
 
 from policies import ApiName
 from router._translate.registry import translation
+from router._translate.responses_chat import ResponsesOverChat
 from tests.router._sdk_shapes import chat_request
 
 GRAMMAR = 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n'
@@ -69,14 +70,19 @@ def test_codexs_request_is_a_chat_request_the_sdk_accepts_with_its_losses_named(
     assert [m["role"] for m in chat["messages"]] == ["system", "user", "assistant", "tool"]
     assert chat["messages"][2]["tool_calls"][0]["id"] == chat["messages"][3]["tool_call_id"] == "call_4"
     assert (chat["reasoning_effort"], chat["verbosity"], chat["parallel_tool_calls"]) == ("medium", "low", True)
+    assert [tool["type"] for tool in chat["tools"]] == ["function", "function"]  # apply_patch as a function
     assert sorted(lost) == sorted(["reasoning_summary_dropped", "reasoning_item_dropped", "include_dropped",
-                                   "tool_search_tool_dropped", "web_search_tool_dropped", "client_metadata_dropped"])  # fmt: skip
+                                   "tool_search_tool_dropped", "web_search_tool_dropped", "client_metadata_dropped",
+                                   "custom_tool_as_function"])  # fmt: skip
 
 
 def test_a_custom_tools_grammar_is_nested_in_chats_spelling_and_back() -> None:
     """Codex's `apply_patch` is a custom tool with a Lark grammar: the Responses API has the grammar's `definition`
-    and `syntax` beside `type`, chat nests them in `grammar`."""
-    chat, lost = carry(codex_request(APPLY_PATCH))
+    and `syntax` beside `type`, chat nests them in `grammar` (`custom_tools: native`, for OpenAI's chat API)."""
+    native = translation("responses", "chat")
+    assert isinstance(native, ResponsesOverChat)
+    native.custom_tools = "native"
+    chat, lost = native.request(codex_request(APPLY_PATCH))
     assert not [name for name in lost if name.startswith("tool_")]
     assert chat["tools"] == [{"type": "custom", "custom": {"name": "apply_patch", "description": "Edit files.",
                               "format": {"type": "grammar", "grammar": {"definition": GRAMMAR, "syntax": "lark"}}}}]  # fmt: skip
