@@ -3,6 +3,7 @@ a one-line fix here (CPU_ENGINE.md, "Running vLLM inside another Python process"
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
@@ -83,11 +84,27 @@ async def serve_in_process(argv: Sequence[str]) -> AsyncIterator[ASGIApp]:
     parser = cli_args.make_arg_parser(argparse_utils.FlexibleArgumentParser())
     args = parser.parse_args(list(argv))
     cli_args.validate_parsed_serve_args(args)
-    async with entry.build_async_engine_client(args) as engine:
+    async with contextlib.AsyncExitStack() as stack:
+        started: list[Any] = []
+        stack.callback(lambda: _end_context(started))  # runs last: after vLLM's shutdown has closed the sockets
+        engine = await stack.enter_async_context(entry.build_async_engine_client(args))
+        started.append(engine)
         tasks = await engine.get_supported_tasks()
         app = app_module.build_app(args, tasks, engine.model_config)
         await app_state.init_app_state(engine, app.state, args, tasks)
         yield app
+
+
+def _end_context(started: list[Any]) -> None:
+    """Terminate the zmq context of vLLM's engine client: vLLM closes its sockets but leaves the context to the
+    garbage collector, whose `Unclosed context` ResourceWarning then lands wherever a collection runs (the second
+    in-process engine of a process; the first one vLLM keeps). Nothing else uses it once the engine stopped."""
+    if not started:
+        return
+    resources = getattr(getattr(started[0], "engine_core", None), "resources", None)
+    context = getattr(resources, "ctx", None)
+    if context is not None and not getattr(context, "closed", True):
+        context.destroy(linger=0)
 
 
 def apply_environment(values: dict[str, str]) -> None:

@@ -3,8 +3,10 @@ errors as production, with answers that carry no meaning. Nothing here depends o
 
 from __future__ import annotations
 
+import gc
 import math
 import multiprocessing
+import warnings
 from pathlib import Path
 
 import httpx
@@ -158,3 +160,24 @@ async def test_embedded_engine_answers_as_the_server_does(
             assert (await engine.probe()).model == SERVED_MODEL
     assert embedded.answers == served.answers
     assert [p for p in multiprocessing.active_children() if "EngineCore" in p.name] == []
+
+
+async def test_a_second_embedded_engine_leaves_no_zmq_context_to_the_collector(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """vLLM closes its engine client's sockets but not their zmq context; the embedded engine ends it. Without that,
+    the second in-process engine's context reached the garbage collector, and its `Unclosed context`
+    ResourceWarning failed whichever test the collection ran in (a CI run lost to it)."""
+    require_vllm()
+    with lives_until_exit("vLLM keeps its first in-process engine client's spawn pipes"):
+        for _ in range(2):
+            engine = EmbeddedEngine(
+                str(tiny_model), served_model_name=SERVED_MODEL, max_model_len=2048, dtype="float32",
+                kv_cache_memory_bytes="256M", cache_dir=tmp_path,
+            )  # fmt: skip
+            async with engine:
+                assert (await engine.probe()).model == SERVED_MODEL
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ResourceWarning)
+                gc.collect()
+            assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
