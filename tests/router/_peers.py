@@ -28,33 +28,44 @@ from router import ProxyApp
 from tests.router import _sdk_shapes as sdk
 
 
+def send_json(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    """Answer `handler`'s request 200 with the JSON `body`."""
+    handler.send_response(200)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("content-length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
 class _Recording(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", "0")))
         self.server.seen.append(dict(self.headers.items()))  # type: ignore[attr-defined]
-        body = b'{"ok": true}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, b'{"ok": true}')
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
 @contextmanager
-def recording_upstream() -> Iterator[tuple[int, list[dict[str, str]]]]:
-    """An upstream on a free loopback port answering every POST with `{"ok": true}`; yields its port and the
-    headers of each request it got."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
-    server.seen = []  # type: ignore[attr-defined]
+def http_upstream(handler: type[BaseHTTPRequestHandler]) -> Iterator[ThreadingHTTPServer]:
+    """`handler` served on a free loopback port by a thread of its own, until the block ends."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield server.server_port, server.seen  # type: ignore[attr-defined]
+        yield server
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def recording_upstream() -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """An upstream on a free loopback port answering every POST with `{"ok": true}`; yields its port and the
+    headers of each request it got."""
+    with http_upstream(_Recording) as server:
+        server.seen = []  # type: ignore[attr-defined]
+        yield server.server_port, server.seen  # type: ignore[attr-defined]
 
 
 def wait_serving(url: str, process: subprocess.Popen[bytes], wait_s: float = 30.0) -> bool:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from router import create_app
 from router._errors import RateLimited
 from router._faces.auth import Caller
 from router._faces.budgets import Budgets, limits
-from tests.router._peers import wait_until_ready
+from tests.router._peers import http_upstream, send_json, wait_until_ready
 from tests.router._redis import RedisServer
 
 KEY = "sk-alice-0123456789abcdef"
@@ -36,13 +37,9 @@ USAGE = {"prompt_tokens": 12, "completion_tokens": 8, "total_tokens": 20}  # 20 
 class _Counting(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", "0")))
-        body = json.dumps({"id": "c", "object": "chat.completion", "model": "m", "usage": USAGE,
-                           "choices": [{"index": 0, "message": {"role": "assistant", "content": self.path}}]}).encode()  # fmt: skip
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, json.dumps({"id": "c", "object": "chat.completion", "model": "m", "usage": USAGE,
+                                    "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                         "content": self.path}}]}).encode())  # fmt: skip
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -51,15 +48,8 @@ class _Counting(BaseHTTPRequestHandler):
 @contextmanager
 def counting_upstream() -> Iterator[int]:
     """An upstream answering every chat request with 20 tokens of usage and its path as the text."""
-    import threading
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with http_upstream(_Counting) as server:
         yield server.server_port
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @contextmanager
@@ -69,7 +59,7 @@ def replica(config: Path, name: str) -> Iterator[str]:
     with open(log_path, "wb") as log:
         process = subprocess.Popen([sys.executable, "-m", "router", "serve", str(config), "--port", str(port)],
                                    stdout=log, stderr=subprocess.STDOUT,
-                                   env={**__import__("os").environ, "KEY": KEY, "SALT": "s"})  # fmt: skip
+                                   env={**os.environ, "KEY": KEY, "SALT": "s"})  # fmt: skip
         try:
             url = f"http://127.0.0.1:{port}"
             wait_until_ready(url, process, log_path, 60)
