@@ -5,10 +5,6 @@ real, the Redis row against a redis-server of the benchmark's own."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +17,11 @@ from benchmarks._proxy import SALT_ENV, bench_config
 from d3backend import FakeEngine
 from policies import parse_config
 from router import create_app
+from tests._bench import bench, require_redis_server
 
-REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = "http://127.0.0.1:9/v1"
 
-if shutil.which("redis-server") is None:  # a missing install is a failure to see, never a silent skip
-    pytest.fail("redis-server is not installed; run `bash .ci/setup` (it installs Debian's redis-server)",
-                pytrace=False)  # fmt: skip
+require_redis_server()  # a missing install is a failure to see, never a silent skip
 
 
 def test_the_rows_configurations() -> None:
@@ -87,11 +81,7 @@ def test_base_rows_come_with_the_rows_set_against_them() -> None:
 
 
 def test_the_key_rows_run_with_no_errors(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.router", "--quick", "--no-engine", "--results", str(tmp_path),
-         "--only", "d3router auth"],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False, env=os.environ.copy(),
-    )  # fmt: skip
+    completed = bench(tmp_path, "--only", "d3router auth")
     assert completed.returncode == 0, completed.stderr[-3000:]
     rows = json.loads((tmp_path / "router.json").read_text())["rows"]
     assert {row["target"] for row in rows} == {"direct", *_keyrows.ROWS}

@@ -8,10 +8,6 @@ peers (nginx, LiteLLM proxy) are never installed by the tests or CI: their confi
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +17,11 @@ import yaml
 from benchmarks import _peers, _sessionrows
 from benchmarks._proxy import bench_config
 from policies import parse_config
+from tests._bench import bench, require_redis_server
 
-REPO = Path(__file__).resolve().parents[1]
 IN_PROCESS, IN_REDIS, LATER_IN_PROCESS, LATER_IN_REDIS = _sessionrows.ROWS  # the session rows' names
 
-if shutil.which("redis-server") is None:  # a missing install is a failure to see, never a silent skip
-    pytest.fail("redis-server is not installed; run `bash .ci/setup` (it installs Debian's redis-server)",
-                pytrace=False)  # fmt: skip
-
-
-def bench(results: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.router", "--quick", "--no-engine", "--results", str(results), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+require_redis_server()  # a missing install is a failure to see, never a silent skip
 
 
 def test_session_rows_run_beside_the_cache_hit_row_with_no_errors(tmp_path: Path) -> None:

@@ -5,26 +5,18 @@ against its base; one quick run for real, the Redis row against a redis-server o
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from benchmarks import _keyrows, _usagerows
 from benchmarks._answers import ANSWERS, CHAT_USAGE_CHUNK
 from benchmarks._proxy import bench_config
 from policies import parse_config
+from tests._bench import bench, require_redis_server
 
-REPO = Path(__file__).resolve().parents[1]
 UPSTREAM = "http://127.0.0.1:9/v1"
 
-if shutil.which("redis-server") is None:  # a missing install is a failure to see, never a silent skip
-    pytest.fail("redis-server is not installed; run `bash .ci/setup` (it installs Debian's redis-server)",
-                pytrace=False)  # fmt: skip
+require_redis_server()  # a missing install is a failure to see, never a silent skip
 
 
 def test_the_budget_rows_configuration_counts_and_never_refuses() -> None:
@@ -65,11 +57,7 @@ def test_a_chosen_row_brings_its_base() -> None:
 
 
 def test_the_usage_rows_run_and_count_what_they_say(tmp_path: Path) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.router", "--quick", "--no-engine", "--results", str(tmp_path),
-         "--only", "d3router usage"],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False, env=os.environ.copy(),
-    )  # fmt: skip
+    completed = bench(tmp_path, "--only", "d3router usage")
     assert completed.returncode == 0, completed.stderr[-3000:]
     rows = json.loads((tmp_path / "router.json").read_text())["rows"]
     names = {*_usagerows.ROWS, *(f"stream, {name}" for name in _usagerows.ROWS)}
