@@ -7,7 +7,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
-from starlette.types import Receive, Send
+from starlette.types import Message, Receive, Send
 
 from router._asgi.admission import reserve
 from router._asgi.headers import Headers
@@ -52,6 +52,21 @@ async def read_body(receive: Receive, limit: int, expected: int = 0) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def replayed(body: bytes, then: Receive) -> Receive:
+    """A `receive` that gives the already-read `body` once, whole, then defers to `then` (the client's own, for
+    its disconnect, or one that says when a call is to end)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await then()
+
+    return replay
 
 
 async def drain(receive: Receive, limit: int) -> None:

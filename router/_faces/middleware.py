@@ -47,7 +47,7 @@ from router._apis.registry import APIS
 from router._asgi.admission import FULL, Admission
 from router._asgi.decoding import Decoder, FirstResponse, decoded
 from router._asgi.headers import encode_headers
-from router._asgi.messages import ClientDisconnected, drain
+from router._asgi.messages import ClientDisconnected, drain, replayed
 from router._asgi.relay import BUFFER_LIMIT
 from router._decision.engines import start_engine
 from router._decision.service import After
@@ -120,7 +120,7 @@ class D3RouterMiddleware:
                 return
             except ClientDisconnected:
                 return  # gone while sending its body: nothing to decide, no one to answer
-            await self._call(request, app_send, _replay(request.raw, receive))
+            await self._call(request, app_send, replayed(request.raw, receive))
 
     def _app_scope(self, request: Decided) -> Scope:
         """The scope the app gets: only the router tags its decisions, a client's own x-d3-* headers never reach it."""
@@ -278,17 +278,3 @@ class _Answer:
             return False
         self.whole = whole
         return True
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A `receive` that yields the already-read body once, then defers to the real one (for disconnects)."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

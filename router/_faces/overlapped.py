@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from policies import Decision, Route
 from router._apis.state import DecisionState
+from router._asgi.messages import replayed
 from router._asgi.relay import BUFFER_LIMIT
 from router._decision.record import D3Decision
 from router._decision.service import After, RouterService
@@ -137,17 +138,12 @@ class Client:
         if self.left.is_set():
             gone.set()
         self._gone.append(gone)
-        sent = False
 
-        async def replay() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+        async def disconnect() -> Message:
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        return replay, gone
+        return replayed(body, disconnect), gone
 
     async def aclose(self) -> None:
         self._task.cancel()
