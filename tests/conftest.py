@@ -39,7 +39,12 @@ def require_vllm() -> None:
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """A real vLLM server for the tiny model on a free loopback port, for the whole test session."""
     require_vllm()
-    server = VllmServer(tiny_model, served_model_name=SERVED_MODEL, workdir=tmp_path_factory.mktemp("vllm"))
+    yield from running(VllmServer(tiny_model, served_model_name=SERVED_MODEL, workdir=tmp_path_factory.mktemp("vllm")))
+
+
+def running(server: VllmServer) -> Iterator[VllmServer]:
+    """A fixture's body for a vLLM server: started (a start that fails fails the test, with vLLM's reason), yielded,
+    stopped."""
     try:
         with pytest.MonkeyPatch.context() as patch:  # vLLM runs none of our code: not worth measuring coverage in
             patch.delenv("COVERAGE_PROCESS_CONFIG", raising=False)

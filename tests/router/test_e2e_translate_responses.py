@@ -13,8 +13,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from d3backend import ServerError, VllmServer
-from tests.conftest import SERVED_MODEL, require_vllm
+from d3backend import VllmServer
+from tests.conftest import SERVED_MODEL, require_vllm, running
 from tests.router._peers import served_openai, serving_router
 
 pytestmark = pytest.mark.engine
@@ -31,17 +31,8 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The weathe
 @pytest.fixture(scope="module")
 def tool_vllm(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     require_vllm()
-    server = VllmServer(tiny_model, served_model_name=SERVED_MODEL, workdir=tmp_path_factory.mktemp("vllm-tools"),
-                        extra_args=TOOL_ARGS)  # fmt: skip
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.delenv("COVERAGE_PROCESS_CONFIG", raising=False)
-            patch.delenv("COVERAGE_PROCESS_START", raising=False)
-            server.start()
-    except ServerError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    yield server
-    server.stop()
+    yield from running(VllmServer(tiny_model, served_model_name=SERVED_MODEL,
+                                  workdir=tmp_path_factory.mktemp("vllm-tools"), extra_args=TOOL_ARGS))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
