@@ -7,20 +7,17 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import respx
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from d3backend import FakeEngine
 from policies import load_config, parse_config
-from router import ProxyApp, create_app, disable_tracing, enable_tracing
+from router import ProxyApp, create_app
 from router._cli.main import main
 from router._offline.replay import read_traffic, replay
 from tests.router.test_answer_guard import BLOCK, CONFIG, MARKER, PATHS, WINDOWED, answer, request, verdicts
@@ -177,17 +174,6 @@ def _fake_open(engine: FakeEngine) -> Any:
         return engine
 
     return open_engine
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    enable_tracing(provider)
-    yield exporter
-    disable_tracing()
-    provider.shutdown()
 
 
 async def test_each_judgement_is_a_span_under_the_upstream_attempt(spans: InMemorySpanExporter) -> None:

@@ -16,14 +16,13 @@ from typing import Any
 import httpx
 import pytest
 import respx
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from d3backend import CachedEngine, RemoteEngine, free_port
 from policies import parse_config
-from router import create_app, disable_tracing, enable_tracing
+from router import create_app
 from router._observe import tracing as _tracing
 from tests.router._peers import recording_upstream, wait_serving
 
@@ -59,17 +58,6 @@ def upstream(name: str, status: int = 200) -> Any:
         return httpx.Response(status, json={"upstream": name})
 
     return respond
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    enable_tracing(provider)
-    yield exporter
-    disable_tracing()
-    provider.shutdown()
 
 
 @pytest.fixture
