@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from d3backend import Choice, Noul, Question, Score, answer_from
-from policies._answer import AnswerTest, compile_answer
+from d3backend import Choice, Noul, Question, Score
+from policies._answer import ON_ENGINE_ERROR, AnswerTest, compile_answer
+from policies._cases import policy_tests
+from policies._checker import Checker
 from policies._errors import ConfigError, Issue, Path
 from policies._expr import compile_condition
-from policies._facts import fact_type_error
-from policies._issues import by_line, from_pydantic, kind_of, locate
+from policies._issues import by_line, from_pydantic, kind_of
 from policies._lexer import ExpressionError
 from policies._params import API_TITLES, param_path, translatable
 from policies._policy import Block, OverlapSettings, Policy, Route, Rule, SessionSettings, StateSettings
@@ -33,14 +34,12 @@ from policies._schema import (
     QuestionSpec,
     ScoreSpec,
     ServerSettings,
-    TestCaseSpec,
     UpstreamSettings,
 )
-from policies._testing import Expectation, PolicyTest
-from policies._yaml import Marks, load_yaml
+from policies._testing import PolicyTest
+from policies._yaml import load_yaml
 
 MAX_FILE_BYTES = 4 * 1024 * 1024
-ON_ENGINE_ERROR = "on_engine_error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,22 +105,8 @@ def parse_config(text: str, file: str = "<config>") -> Config:
     return _Compiler(spec, marks, file).compile()
 
 
-class _Compiler:
+class _Compiler(Checker):
     """Checks what the schema cannot see (names across sections, conditions, limits) and builds policies."""
-
-    def __init__(self, spec: ConfigSpec, marks: Marks, file: str) -> None:
-        self.spec = spec
-        self.marks = marks
-        self.file = file
-        self.issues: list[Issue] = []
-        self.warnings: list[Issue] = []
-
-    def line(self, path: Path) -> int | None:
-        return locate(path, self.marks)[0]
-
-    def issue(self, path: Path, message: str, *, warning: bool = False) -> None:
-        line, column = locate(path, self.marks)
-        (self.warnings if warning else self.issues).append(Issue(self.file, line, column, path, message))
 
     def compile(self) -> Config:
         policies: dict[str, Policy] = {}
@@ -132,7 +117,7 @@ class _Compiler:
             policy = self.policy(name, policy_spec, declared, path)
             if policy is not None:
                 policies[name] = policy
-                tests.extend(self.tests(policy, policy_spec, declared, path))
+                tests.extend(policy_tests(self, policy, policy_spec, declared, path))
                 tests.extend(policy.answer.tests if policy.answer is not None else ())
         for name, spec in self.spec.policies.items():
             if spec.shadow is not None and (spec.shadow == name or spec.shadow not in self.spec.policies):
@@ -388,55 +373,6 @@ class _Compiler:
             self.issue(path, "`on_engine_error` must `route` or `block`")
             return None
         return Rule(ON_ENGINE_ERROR, None, None, action, spec.tag, spec.set_)
-
-    def tests(self, policy: Policy, spec: PolicySpec, declared: dict[str, Question], path: Path) -> list[PolicyTest]:
-        rule_names = {rule.name for rule in policy.rules} | {ON_ENGINE_ERROR}
-        out: list[PolicyTest] = []
-        for index, case in enumerate(spec.tests):
-            case_path: Path = (*path, "tests", index)
-            answers = {}
-            for qid, value in case.answers.items():
-                question = declared.get(qid)
-                if question is None:
-                    known = ", ".join(map(repr, declared)) or "none"
-                    self.issue((*case_path, "answers", qid), f"unknown question {qid!r}; expected one of {known}")
-                    continue
-                try:
-                    answers[qid] = answer_from(question, value)
-                except ValueError as exc:
-                    self.issue((*case_path, "answers", qid), str(exc))
-            for name, value in case.facts.items():
-                problem = fact_type_error(name, value)
-                if problem is not None:
-                    self.issue((*case_path, "facts", name), problem)
-            expect = self.expectation(case, rule_names, (*case_path, "expect"))
-            if expect is not None:
-                line, _ = locate(case_path, self.marks)
-                out.append(PolicyTest(policy.name, index, case.name, line, answers, case.engine_error, expect,
-                                      dict(case.facts)))  # fmt: skip
-        return out
-
-    def expectation(self, case: TestCaseSpec, rule_names: set[str], path: Path) -> Expectation | None:
-        spec = case.expect
-        if all(value is None for value in (spec.rule, spec.route, spec.block, spec.tags, spec.set_, spec.degraded)):
-            self.issue(path, "`expect` checks nothing; give `rule`, `route`, `block`, `tags`, `set` or `degraded`")
-            return None
-        if spec.rule is not None and spec.rule not in rule_names:
-            self.issue(
-                (*path, "rule"),
-                f"unknown rule {spec.rule!r}; expected one of {', '.join(map(repr, sorted(rule_names)))}",
-            )
-        route = None
-        if spec.route is not None:
-            route = (spec.route,) if isinstance(spec.route, str) else tuple(spec.route)
-            for name in route:
-                if name not in self.spec.upstreams:
-                    self.issue((*path, "route"), f"unknown upstream {name!r}")
-        if spec.route is not None and spec.block not in (None, False):
-            self.issue(path, "`expect` cannot want both a route and a block")
-        return Expectation(
-            spec.rule, route, isinstance(spec.route, str), spec.block, spec.tags, spec.set_, spec.degraded
-        )
 
 
 def build_question(spec: QuestionSpec) -> Question:
