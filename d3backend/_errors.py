@@ -71,12 +71,14 @@ class EngineRefused(EngineBadAnswer):
     """A Decisions engine answered `type: refusal` for the questions in `refused` (the first is `question`): they are
     unanswered, so the decision fails whole and the policy's `on_engine_error` applies (docs/decisions.md).
     `answers` holds the other questions' answers and `usage` the call's tokens, for a caller that can use them
-    (the router's own `/v1/decisions` answers the refusals as refusals)."""
+    (the router's own `/v1/decisions` answers the refusals as refusals); `engine` the pool's engine that refused
+    (`FailoverEngine`), empty from an engine alone."""
 
     def __init__(self, refused: tuple[str, ...], answers: Mapping[str, Answer], usage: Usage) -> None:
         self.refused = refused
         self.answers = answers
         self.usage = usage
+        self.engine = ""
         names = ", ".join(map(repr, refused))
         super().__init__(
             refused[0], "type", f"the engine refused to answer {names}; the policy's on_engine_error applies"

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 
-from d3backend._errors import EngineError, EngineRateLimited, EngineTimeout, EngineUnavailable
+from d3backend._errors import EngineError, EngineRateLimited, EngineRefused, EngineTimeout, EngineUnavailable
 from d3backend._protocol import Closing, DecisionEngine
 from d3backend._types import Decided, Question
 from d3backend._wire import JSONValue
@@ -155,6 +155,8 @@ class FailoverEngine(Closing):
                 self._failed(member, error)
                 continue
             except EngineError as exc:
+                if isinstance(exc, EngineRefused):  # an answer, of refusals: which engine gave it is told as for one
+                    exc.engine = member.name
                 error = exc
                 self._failed(member, exc)
                 continue

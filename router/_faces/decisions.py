@@ -331,7 +331,8 @@ async def _ask(
     try:
         return await service.ask(state, questions, images=images, videos=videos), frozenset()
     except EngineRefused as exc:
-        return Decided(exc.answers, getattr(service.engine, "model", None) or "", exc.usage), frozenset(exc.refused)
+        model = getattr(service.engine, "model", None) or ""
+        return Decided(exc.answers, model, exc.usage, engine=exc.engine), frozenset(exc.refused)
     except EngineRejected as exc:
         raise (BadRequest if exc.status < 500 else UpstreamFailed)(exc.message, status=exc.status) from None
     except TimeoutError:

@@ -22,6 +22,7 @@ from d3backend import (
     EngineError,
     EngineTimeout,
     EngineUnavailable,
+    FailoverEngine,
     FakeEngine,
     Noul,
     RemoteEngine,
@@ -295,3 +296,20 @@ async def test_systemone_refuses_what_d3_refuses(body: dict[str, Any], match: st
     assert response.status_code == 400
     assert re.search(match, response.json()["error"]["message"]), response.json()
     assert not fake.calls
+
+
+async def test_a_refusal_from_a_pools_engine_names_that_engine_to_a_debug_caller() -> None:
+    """`x-d3-engine` names the pool's engine that refused as it names one that answered (it was missing, so a user of
+    a pool could not tell which engine refused)."""
+    server = DecisionsServer({"jailbreak": "refuse", "kind": "chat"}, model="luna-test")
+    luna = DecisionsEngine("http://luna.test/v1", model="luna-test", transport=httpx.ASGITransport(app=server))
+    app = create_app(parse_config(CONFIG.replace("server: {", "server: {expose_decisions: true, ")),
+                     engine=CachedEngine(FailoverEngine([("luna", luna)])))  # fmt: skip
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://router") as http:
+            response = await http.post("/v1/decisions", json={"model": "luna-test", "input": "x",
+                                                              "questions": QUESTIONS[:2]})  # fmt: skip
+    finally:
+        await app.aclose()
+    assert [answer["type"] for answer in response.json()["answers"]] == ["refusal", "choice"]
+    assert response.headers["x-d3-engine"] == "luna"
