@@ -115,17 +115,39 @@ def delta(data: Any) -> str | None:
 
 
 def shape(raw: bytes) -> list[tuple[str, Any]]:
-    """The stream's events, each run of text deltas joined into one."""
+    """The stream's events, each run of text deltas joined into one. vLLM cuts a stream's text where its engine
+    happened to be when the API server read it (under load several tokens come as one delta, the last ones with the
+    finishing chunk), so the finishing chunk's text joins the run and the chunk is kept without it."""
     out: list[tuple[str, Any]] = []
     for name, data in events(raw):
-        text = delta(data)
+        text, rest = delta(data), None
+        if text is None:
+            text, rest = finishing_text(data)
         if text is None:
             out.append((name, data))
-        elif out and out[-1][0] == "text":
+            continue
+        if out and out[-1][0] == "text":
             out[-1] = ("text", out[-1][1] + text)
         else:
             out.append(("text", text))
+        if rest is not None:
+            out.append((name, rest))
     return out
+
+
+def finishing_text(data: Any) -> tuple[str | None, Any]:
+    """A chat or completions chunk with a `finish_reason`: the text it carries, and the chunk without it."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not choices or choices[0].get("finish_reason") is None:
+        return None, None
+    choice = dict(choices[0])
+    if "text" in choice:
+        text, choice["text"] = str(choice["text"]), ""
+    elif isinstance(choice.get("delta"), dict) and isinstance(choice["delta"].get("content"), str):
+        text, choice["delta"] = choice["delta"]["content"], {**choice["delta"], "content": ""}
+    else:
+        return None, None
+    return text, {**data, "choices": [choice, *choices[1:]]}
 
 
 def reported(api: str, usage: dict[str, Any]) -> dict[str, int]:
