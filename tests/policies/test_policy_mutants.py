@@ -1,0 +1,96 @@
+"""A policy's default decision (what an overlap speculates on) and its guards, which API pairs the router can translate,
+an unknown fact in a test case, a question of a kind without options: pinned where mutmut found a change no test of
+its selection noticed (issue 23)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from policies import (
+    APIS,
+    FACTS,
+    ConfigError,
+    EvaluationError,
+    ExpressionError,
+    Policy,
+    Route,
+    compile_condition,
+    parse_config,
+    translatable,
+)
+
+CONFIG = """\
+upstreams: {small: {url: http://small.test/v1}, big: {url: http://big.test/v1}}
+policies:
+  p:
+    questions: {j: {type: noul}}
+    rules:
+      - {name: guard, when: j > 0.9, block: {status: 403}}
+      - {name: big, when: j > 0.5, route: big}
+      - {name: default, route: small, tag: {x-tier: small}}
+"""
+
+
+def policy() -> Policy:
+    return parse_config(CONFIG, "c.yaml").policies["p"]
+
+
+def test_the_expected_decision_is_the_last_rules_not_the_second() -> None:
+    expected = policy().expected()
+    assert (expected.policy, expected.rule, expected.tags) == ("p", "default", {"x-tier": "small"})
+    assert isinstance(expected.action, Route) and expected.action.upstreams == ("small",)
+
+
+def test_a_policy_whose_last_rule_cannot_route_has_no_expected_decision() -> None:
+    # The loader always ends a policy with a route; one built otherwise is refused by name, not decided.
+    built = policy()
+    broken = dataclasses.replace(built, rules=(*built.rules[:-1], dataclasses.replace(built.rules[-1], action=None)))
+    with pytest.raises(EvaluationError, match=r"^policy 'p' has no default route$"):
+        broken.expected()
+
+
+def test_a_policy_whose_on_engine_error_cannot_act_is_refused_by_name() -> None:
+    built = policy()
+    broken = dataclasses.replace(built, on_engine_error=dataclasses.replace(built.on_engine_error, action=None))
+    with pytest.raises(EvaluationError, match=r"^policy 'p' has no on_engine_error action$"):
+        broken.engine_failed()
+
+
+# Which client API can reach an upstream of which API: its own, a registered pair, or two pairs through chat.
+REACHABLE = {
+    ("chat", "messages"), ("chat", "responses"), ("messages", "chat"), ("responses", "chat"),
+    ("messages", "responses"), ("responses", "messages"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("client", APIS)
+def test_each_api_reaches_its_own_the_registered_pairs_and_the_pairs_composed_through_chat(client: str) -> None:
+    assert translatable(client, None)
+    assert translatable(client, client)
+    for upstream in APIS:
+        if upstream != client:
+            assert translatable(client, upstream) == ((client, upstream) in REACHABLE), (client, upstream)
+
+
+def test_an_unknown_fact_in_a_test_case_names_every_fact_in_order() -> None:
+    text = CONFIG + "    tests: [{facts: {nope: 1}, expect: {rule: default}}]\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "c.yaml")
+    (issue,) = caught.value.issues
+    head, listed = issue.message.split("; expected one of ")
+    assert head == "unknown fact 'nope'"
+    assert listed.split(", ") == [repr(name) for name in FACTS]
+
+
+class Freeform:
+    """A kind of question the language has no options for (as a kind added later might be)."""
+
+
+def test_an_option_of_a_question_without_options_is_refused_at_the_option() -> None:
+    questions: dict[str, Any] = {"x": Freeform()}
+    with pytest.raises(ExpressionError) as caught:
+        compile_condition("x.a > 0.5", questions)
+    assert (caught.value.message, caught.value.pos) == ("'x' is not a question with options", 2)
