@@ -19,8 +19,10 @@ from policies import (
     Route,
     compile_condition,
     parse_config,
+    run_test,
     translatable,
 )
+from policies._answer import AnswerTest
 
 CONFIG = """\
 upstreams: {small: {url: http://small.test/v1}, big: {url: http://big.test/v1}}
@@ -94,3 +96,27 @@ def test_an_option_of_a_question_without_options_is_refused_at_the_option() -> N
     with pytest.raises(ExpressionError) as caught:
         compile_condition("x.a > 0.5", questions)
     assert (caught.value.message, caught.value.pos) == ("'x' is not a question with options", 2)
+
+
+def test_a_case_without_the_facts_a_rule_reads_says_to_give_them_in_facts() -> None:
+    text = CONFIG.replace("      - {name: guard,", "      - {name: long, when: request.tokens > 1000, route: big}\n"
+                          "      - {name: guard,") + "    tests: [{answers: {j: 0.1}, expect: {rule: default}}]\n"  # fmt: skip
+    config = parse_config(text, "c.yaml")
+    (result,) = [run_test(config.policies["p"], case) for case in config.tests]
+    assert not result.passed
+    assert result.message == (
+        "rule 'long' of policy 'p' reads 'request.tokens', which has no value: give the facts; give it in `facts`"
+    )
+
+
+def test_an_answer_case_run_against_a_policy_without_a_guard_fails_saying_so() -> None:
+    guarded = CONFIG + (
+        "    answer:\n      questions: {leak: {type: noul}}\n"
+        "      rules: [{name: no-leak, when: leak > 0.8, block: {status: 403}}]\n"
+        "      tests: [{answers: {leak: 0.9}, expect: {outcome: block}}]\n"
+    )
+    (case,) = [case for case in parse_config(guarded, "c.yaml").tests if isinstance(case, AnswerTest)]
+    result = run_test(policy(), case)
+    assert (result.test, result.passed, result.message, result.decision) == (
+        case, False, "the policy has no answer guard", None
+    )  # fmt: skip
