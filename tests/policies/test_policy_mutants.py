@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from d3backend import NoulAnswer
 from policies import (
     APIS,
     FACTS,
@@ -120,3 +121,28 @@ def test_an_answer_case_run_against_a_policy_without_a_guard_fails_saying_so() -
     assert (result.test, result.passed, result.message, result.decision) == (
         case, False, "the policy has no answer guard", None
     )  # fmt: skip
+
+
+STICKY = """\
+upstreams: {small: {url: http://small.test/v1}, large: {url: http://large.test/v1}, spare: {url: http://spare.test/v1}}
+policies:
+  p:
+    questions: {hard: {type: noul}, code: {type: noul}}
+    rules:
+      - {name: failover, when: hard > 0.95, route: [large, spare], tag: {x-tier: failover}}
+      - {name: hard, when: hard > 0.5, route: large, tag: {x-tier: large}, set: {temperature: 0.1}}
+      - {name: coding, when: code > 0.5, tag: {x-kind: code}}
+      - {name: default, route: small, tag: {x-tier: small}, set: {max_tokens: 7}}
+"""
+
+
+def test_a_decision_sent_on_another_route_keeps_the_tags_of_the_rules_before_and_takes_the_routes() -> None:
+    sticky = parse_config(STICKY, "c.yaml").policies["p"]
+    decided = sticky.evaluate({"hard": NoulAnswer(0.1, 1.0), "code": NoulAnswer(0.9, 1.0)})
+    assert (decided.rule, decided.tags) == ("default", {"x-kind": "code", "x-tier": "small"})
+    exact = sticky.sent_on(decided, ("large",))  # the rule routing to exactly these, not the first starting with them
+    assert (exact.rule, exact.tags, exact.params) == ("default", {"x-kind": "code", "x-tier": "large"},
+                                                      {"temperature": 0.1})  # fmt: skip
+    assert isinstance(exact.action, Route) and exact.action.upstreams == ("large",)
+    first = sticky.sent_on(decided, ("large", "small"))  # no rule routes so: the first starting with `large`
+    assert (first.tags, first.params) == ({"x-kind": "code", "x-tier": "failover"}, {})
