@@ -10,6 +10,7 @@ import math
 import pytest
 
 from d3backend import (
+    Answer,
     Choice,
     ChoiceAnswer,
     EngineBadAnswer,
@@ -151,7 +152,7 @@ def test_the_next_number_past_the_allowance_is_an_engine_error(yes: float, confi
 
 # --- `answer_wire`: what the router's own /v1/systemone serves (SYSTEMONE.md), read back by `parse_response`.
 
-WIRE_ANSWERS = {
+WIRE_ANSWERS: dict[str, Answer] = {
     "kind": ChoiceAnswer("code", {"code": 0.75, "chat": 0.25}, 0.5),
     "jailbreak": NoulAnswer(0.25, 0.5),
     "difficulty": ScoreAnswer(1.25, ("easy", "hard", "expert"), (0.25, 0.25, 0.5), 0.5),
