@@ -34,3 +34,18 @@ def test_a_fact_used_as_a_condition_is_pointed_at() -> None:
     message, pos = refused("true and request.tokens")
     assert message.startswith("expected a condition (true or false), found a number (the fact 'request.tokens')")
     assert pos == len("true and ")
+
+
+@pytest.mark.parametrize(
+    ("source", "value", "at"),
+    [
+        ('request.api == "chatt" and true', "chatt", '"chatt"'),
+        ('request.api in ["chat", "mesages"] or false', "mesages", "["),  # a list's value: the list is pointed at
+    ],
+)
+def test_an_unknown_value_of_a_fact_is_pointed_at_not_at_where_reading_stopped(
+    source: str, value: str, at: str
+) -> None:
+    message, pos = refused(source)
+    assert message.startswith(f"unknown value {value!r} of fact 'request.api'; expected one of ")
+    assert pos == source.index(at)
