@@ -10,11 +10,13 @@ import math
 import pytest
 
 from d3backend import (
+    Answer,
     Choice,
     ChoiceAnswer,
     EngineBadAnswer,
     EngineBadResponse,
     Noul,
+    NoulAnswer,
     Question,
     Score,
     ScoreAnswer,
@@ -22,7 +24,7 @@ from d3backend import (
     answer_from,
     json_bytes,
 )
-from d3backend._wire import MAX_ERROR_MESSAGE, ROUNDING, error_message, parse_response
+from d3backend._wire import MAX_ERROR_MESSAGE, ROUNDING, answer_wire, error_message, parse_response
 from tests.d3backend.test_wire import QUESTIONS, response
 
 
@@ -146,3 +148,30 @@ def test_the_next_number_past_the_allowance_is_an_engine_error(yes: float, confi
     with pytest.raises(EngineBadAnswer) as caught:
         parse_response(noul(yes, confidence), {"j": Noul(None)})
     assert caught.value.field == field
+
+
+# --- `answer_wire`: what the router's own /v1/systemone serves (SYSTEMONE.md), read back by `parse_response`.
+
+WIRE_ANSWERS: dict[str, Answer] = {
+    "kind": ChoiceAnswer("code", {"code": 0.75, "chat": 0.25}, 0.5),
+    "jailbreak": NoulAnswer(0.25, 0.5),
+    "difficulty": ScoreAnswer(1.25, ("easy", "hard", "expert"), (0.25, 0.25, 0.5), 0.5),
+}
+
+
+def test_answer_wire_writes_each_kind_of_answer_as_the_wire_format() -> None:
+    assert {qid: answer_wire(answer) for qid, answer in WIRE_ANSWERS.items()} == {
+        "kind": {"type": "choice", "choice": "code", "probabilities": {"code": 0.75, "chat": 0.25}, "confidence": 0.5},
+        "jailbreak": {"type": "noul", "noul": 0.25, "probabilities": {"yes": 0.25, "no": 0.75}, "confidence": 0.5},
+        "difficulty": {
+            "type": "score", "score": 1.25, "legend": {"0": "easy", "1": "hard", "2": "expert"},
+            "probabilities": {"0": 0.25, "1": 0.25, "2": 0.5}, "confidence": 0.5,
+        },
+    }  # fmt: skip
+
+
+def test_answer_wire_is_read_back_to_the_same_answers() -> None:
+    questions = {qid: QUESTIONS[qid] for qid in WIRE_ANSWERS}
+    body = {"model": "m", "answers": {qid: answer_wire(answer) for qid, answer in WIRE_ANSWERS.items()}}
+    answers, _, _ = parse_response(json.dumps(body).encode(), questions)
+    assert answers == WIRE_ANSWERS
