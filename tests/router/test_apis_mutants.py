@@ -1,0 +1,265 @@
+"""The adapters' own bytes, checked field by field where the mutation run (benchmarks/results/mutation.md, issue 23)
+found them unchecked: the answer that replaces a withheld one, the mid-stream error events, the model list, the
+usage a stream's events carry, completions' text read from several choices, and the videos a request counts.
+Each shape is the API's; the SDKs read them here through their own clients and types (tests/router/_sdk_shapes.py)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import pydantic
+import pytest
+from anthropic.types import Message
+from openai.types import Completion, Model
+from openai.types.responses import ResponseErrorEvent
+
+from policies import StateSettings
+from router import API_BY_NAME
+from router._apis import answers
+from router._apis.answers import read_answer, replacement
+from router._apis.facts import estimate_tokens, request_facts
+from router._apis.state import DEFAULT_MEDIA
+from router._apis.usage import UsageReader
+from router._observe.usage import Tokens
+from tests.router import _sdk_shapes
+
+NOW, HEX = 1_700_000_000, "0123456789abcdef01234567"  # the frozen clock and the first 24 digits of the frozen uuid
+TEXT, MODEL = "The answer was withheld.", "small-model"
+
+
+@pytest.fixture
+def frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replacement's clock and ids fixed, so that its every field can be compared."""
+    monkeypatch.setattr(answers, "time", SimpleNamespace(time=lambda: NOW + 0.75))
+    monkeypatch.setattr(answers, "uuid", SimpleNamespace(uuid4=lambda: uuid.UUID(HEX + "89abcdef")))
+
+
+def known(model: pydantic.BaseModel, where: str = "answer") -> None:
+    """No key the SDK's type does not know, at any depth (the SDKs' models keep unknown keys as extras)."""
+    extra = sorted(model.model_extra or {})
+    if extra:
+        raise AssertionError(f"{where} has keys the SDK's type does not know: {extra}")
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        for index, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, pydantic.BaseModel):
+                known(item, f"{where}.{name}[{index}]")
+
+
+def client_of(kind: type[Any], body: bytes, *, stream: bool = False) -> Any:
+    """An SDK client whose every request is answered with `body` (the anthropic SDK brings its own HTTP package,
+    httpx2, with the same mock transport)."""
+    http: Any = httpx2 if kind is anthropic.Anthropic else httpx
+    headers = {"content-type": "text/event-stream" if stream else "application/json"}
+    transport = http.MockTransport(lambda request: http.Response(200, content=body, headers=headers))
+    return kind(api_key="sk-test", base_url="http://router.test/v1", max_retries=0,
+                http_client=http.Client(transport=transport))  # fmt: skip
+
+
+# --- the answer that replaces a withheld one ---------------------------------------------------------------------
+def test_a_replaced_completions_answer_is_openais_text_completion(frozen: None) -> None:
+    body, kind = replacement("completions", TEXT, MODEL, streamed=False)
+    assert kind == b"application/json"
+    answer = json.loads(body)
+    assert answer == {
+        "id": f"cmpl-{HEX}", "object": "text_completion", "created": NOW, "model": MODEL,
+        "choices": [{"index": 0, "text": TEXT, "finish_reason": "stop", "logprobs": None}],
+    }  # fmt: skip
+    known(Completion.model_validate(answer))
+
+
+def test_a_replaced_chat_stream_is_two_chunks_and_done(frozen: None) -> None:
+    body, kind = replacement("chat", TEXT, MODEL, streamed=True)
+    head = {"id": f"chatcmpl-{HEX}", "object": "chat.completion.chunk", "created": NOW, "model": MODEL}
+    assert kind == b"text/event-stream"
+    assert _sdk_shapes.events(body) == [
+        (None, {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": TEXT},
+                                     "finish_reason": None}]}),
+        (None, {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        (None, "[DONE]"),
+    ]  # fmt: skip
+    completion, chunks = _sdk_shapes.chat_stream(body)
+    for chunk in chunks:
+        known(chunk, "chunk")
+    assert [(choice.index, choice.message.content, choice.finish_reason) for choice in completion.choices] == [
+        (0, TEXT, "stop")
+    ]
+
+
+def test_a_replaced_completions_stream_is_one_event_and_done(frozen: None) -> None:
+    body, _ = replacement("completions", TEXT, MODEL, streamed=True)
+    found = _sdk_shapes.events(body)
+    assert found == [
+        (None, {"id": f"cmpl-{HEX}", "object": "text_completion", "created": NOW, "model": MODEL,
+                "choices": [{"index": 0, "text": TEXT, "finish_reason": "stop", "logprobs": None}]}),
+        (None, "[DONE]"),
+    ]  # fmt: skip
+    known(Completion.model_validate(found[0][1]), "event")
+
+
+def test_a_replaced_messages_stream_is_anthropics_event_sequence(frozen: None) -> None:
+    body, _ = replacement("messages", TEXT, MODEL, streamed=True)
+    start = {"id": f"msg_{HEX}", "type": "message", "role": "assistant", "model": MODEL, "content": [],
+             "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}  # fmt: skip
+    expected = [
+        {"type": "message_start", "message": start},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": TEXT}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+         "usage": {"output_tokens": 0}},
+        {"type": "message_stop"},
+    ]  # fmt: skip
+    assert _sdk_shapes.events(body) == [(event["type"], event) for event in expected]
+    message = _sdk_shapes.messages_stream(body)
+    known(message)
+    assert (message.model, message.stop_reason, [block.model_dump() for block in message.content]) == (
+        MODEL, "end_turn", [{"type": "text", "text": TEXT, "citations": None}]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_the_anthropic_sdk_reads_a_replaced_message(frozen: None, stream: bool) -> None:
+    body, _ = replacement("messages", TEXT, MODEL, streamed=stream)
+    with client_of(anthropic.Anthropic, body, stream=stream) as client:
+        asked = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        if stream:
+            with client.messages.stream(**asked) as events:
+                message = events.get_final_message()
+        else:
+            message = client.messages.create(**asked)
+    assert isinstance(message, Message) and message.id == f"msg_{HEX}"
+    assert [block.text for block in message.content if block.type == "text"] == [TEXT]
+
+
+# --- a started stream that breaks off ends with the API's error event ---------------------------------------------
+def test_a_broken_responses_stream_ends_with_the_sdks_error_event() -> None:
+    ending = API_BY_NAME["responses"].stream_error("the upstream broke off its answer")
+    with client_of(openai.OpenAI, ending, stream=True) as client:
+        events = list(client.responses.create(model=MODEL, input="hi", stream=True))
+    assert len(events) == 1 and isinstance(events[0], ResponseErrorEvent)
+    known(events[0], "event")
+    assert events[0].model_dump() == {
+        "type": "error",
+        "code": "upstream_error",
+        "message": "the upstream broke off its answer",
+        "param": None,
+        "sequence_number": 0,
+    }
+    assert ending.startswith(b"event: error\ndata: {") and ending.endswith(b"}\n\n")
+
+
+def test_a_broken_messages_stream_raises_an_api_error_in_the_anthropic_sdk() -> None:
+    ending = API_BY_NAME["messages"].stream_error("the upstream broke off its answer")
+    asked = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    with client_of(anthropic.Anthropic, ending, stream=True) as client, pytest.raises(anthropic.APIStatusError) as info:
+        list(client.messages.create(**asked))
+    assert info.value.body == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "the upstream broke off its answer"},
+    }
+    assert ending.endswith(b"}\n\n")
+
+
+# --- GET /v1/models -------------------------------------------------------------------------------------------------
+def test_the_openai_sdk_lists_the_models_each_in_openais_model_shape() -> None:
+    listed = API_BY_NAME["chat"].model_list(["auto", "small-model"], NOW)
+    assert json.loads(listed)["object"] == "list"
+    with client_of(openai.OpenAI, listed) as client:
+        page = client.models.list()
+    for model in page.data:
+        assert isinstance(model, Model)
+        known(model, "model")
+    assert page.object == "list"
+    assert [model.model_dump(exclude_unset=True) for model in page.data] == [
+        {"id": name, "object": "model", "created": NOW, "owned_by": "d3-router"} for name in ("auto", "small-model")
+    ]
+
+
+# --- completions' text: every choice's, in order; a choice without text adds none ------------------------------------
+CHOICES = [{"index": 0, "text": "Hello"}, {"index": 1}, {"index": 2, "text": " world"}]
+
+
+def test_a_completions_answer_reads_as_its_choices_texts_joined() -> None:
+    raw = json.dumps({"object": "text_completion", "choices": CHOICES}).encode()
+    assert read_answer("completions", raw, streamed=False).text == "Hello world"
+
+
+def test_a_completions_stream_reads_as_its_choices_texts_joined() -> None:
+    raw = _sdk_shapes.chunks_of({"object": "text_completion", "choices": CHOICES}, {"choices": [{"index": 0}]})
+    assert read_answer("completions", raw, streamed=True).text == "Hello world"
+
+
+# --- the usage a stream's events carry -------------------------------------------------------------------------------
+def data(event: dict[str, Any], name: str | None = None) -> bytes:
+    return (f"event: {name}\n" if name else "").encode() + b"data: " + json.dumps(event).encode() + b"\n\n"
+
+
+USAGE = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+ANSWERED = {"index": 0, "delta": {"content": "hi"}, "finish_reason": None}
+
+
+@pytest.mark.parametrize("asked", [False, True], ids=["client-asked", "router-asked"])
+def test_a_chunk_with_content_and_usage_reaches_the_client_and_is_counted(asked: bool) -> None:
+    reader = UsageReader("chat", asked=asked)  # servers that report usage on every chunk (vLLM's continuous stats)
+    assert reader.event(data({"object": "chat.completion.chunk", "choices": [ANSWERED], "usage": USAGE})) is True
+    assert reader.tokens == Tokens(input=11, output=7, reported=True)
+
+
+def test_a_chunk_without_choices_whose_usage_is_null_is_not_the_usage_chunk() -> None:
+    reader = UsageReader("chat", asked=True)  # e.g. a prompt-filter chunk: it reaches the client
+    assert reader.event(data({"object": "chat.completion.chunk", "choices": [], "usage": None})) is True
+    assert reader.tokens == Tokens()
+
+
+def test_the_usage_chunk_is_cut_only_when_the_router_asked_for_it() -> None:
+    chunk = data({"object": "chat.completion.chunk", "choices": [], "usage": USAGE})
+    assert [UsageReader("chat", asked=asked).event(chunk) for asked in (False, True)] == [True, False]
+
+
+def test_an_event_holding_usage_that_is_not_json_passes_unread() -> None:
+    reader = UsageReader("chat", asked=True)
+    assert reader.event(b'data: {"usage": truncated\n\n') is True
+    assert reader.tokens == Tokens()
+
+
+@pytest.mark.parametrize("ending", ["response.completed", "response.incomplete", "response.failed"])
+def test_a_responses_stream_is_counted_from_its_last_event_which_is_never_cut(ending: str) -> None:
+    reader = UsageReader("responses", asked=True)
+    usage = {"input_tokens": 20, "output_tokens": 5, "input_tokens_details": {"cached_tokens": 8}}
+    assert reader.event(data({"type": ending, "response": {"usage": usage}}, ending)) is True
+    assert reader.tokens == Tokens(input=20, cached=8, output=5, reported=True)
+
+
+def test_a_messages_stream_is_counted_from_its_events_which_are_never_cut() -> None:
+    reader = UsageReader("messages", asked=True)
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 9, "output_tokens": 1}}}
+    delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 6}}
+    assert [reader.event(data(start, "message_start")), reader.event(data(delta, "message_delta"))] == [True, True]
+    assert reader.tokens == Tokens(input=9, output=6, reported=True)
+
+
+# --- the request's facts --------------------------------------------------------------------------------------------
+def video(name: str) -> dict[str, Any]:
+    return {"type": "video_url", "video_url": {"url": f"https://img.example.com/{name}.mp4"}}
+
+
+def test_each_video_of_a_request_is_counted_once() -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://img.example.com/a.png"}}
+    content = [{"type": "text", "text": "Compare"}, video("a"), image, video("b")]
+    body = {"model": "auto", "messages": [{"role": "user", "content": content}]}
+    chat = API_BY_NAME["chat"]
+    facts = request_facts(chat, body, chat.state(body, StateSettings("last_user", 100), DEFAULT_MEDIA))
+    assert (facts["request.videos"], facts["request.images"]) == (2, 1)
+
+
+def test_the_token_estimate_of_a_text_alone_counts_no_turn() -> None:
+    text = "Hello world, this is a test of the tokenizer."  # the docstring's example
+    assert estimate_tokens(text) == estimate_tokens(text, 0) == 12
