@@ -1,6 +1,7 @@
 """The adapters' own bytes, checked field by field where the mutation run (benchmarks/results/mutation.md, issue 23)
 found them unchecked: the answer that replaces a withheld one, the mid-stream error events, the model list, the
-usage a stream's events carry, completions' text read from several choices, and the videos a request counts.
+usage a stream's events carry, completions' text read from several choices, the videos a request counts, and what
+`state: {from: new}` reads.
 Each shape is the API's; the SDKs read them here through their own clients and types (tests/router/_sdk_shapes.py)."""
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from openai.types.responses import ResponseErrorEvent
 from policies import StateSettings
 from router import API_BY_NAME
 from router._apis import answers
-from router._apis.answers import read_answer, replacement
+from router._apis.answers import FOLLOWERS, Call, Followed, read_answer, replacement
 from router._apis.facts import estimate_tokens, request_facts
-from router._apis.state import DEFAULT_MEDIA
+from router._apis.state import DEFAULT_MEDIA, Turn, since_assistant
 from router._apis.usage import UsageReader
+from router._errors import ModelNotFound, RateLimited, RequestError, Unauthorized, answer
 from router._observe.usage import Tokens
 from tests.router import _sdk_shapes
 
@@ -73,6 +75,57 @@ def test_a_replaced_completions_answer_is_openais_text_completion(frozen: None) 
         "choices": [{"index": 0, "text": TEXT, "finish_reason": "stop", "logprobs": None}],
     }  # fmt: skip
     known(Completion.model_validate(answer))
+
+
+MESSAGE_ITEM = {"type": "message", "id": f"msg_{HEX}", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": TEXT, "annotations": []}]}  # fmt: skip
+RESPONSE = {"id": f"resp_{HEX}", "object": "response", "created_at": NOW, "model": MODEL, "status": "completed",
+            "output": [MESSAGE_ITEM]}  # fmt: skip
+
+
+def test_a_replaced_chat_answer_is_openais_chat_completion(frozen: None) -> None:
+    body, _ = replacement("chat", TEXT, MODEL, streamed=False)
+    answer = json.loads(body)
+    assert answer == {
+        "id": f"chatcmpl-{HEX}", "object": "chat.completion", "created": NOW, "model": MODEL,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": TEXT}, "finish_reason": "stop"}],
+    }  # fmt: skip
+    known(_sdk_shapes.completion(answer))
+
+
+def test_a_replaced_messages_answer_is_anthropics_message(frozen: None) -> None:
+    body, _ = replacement("messages", TEXT, MODEL, streamed=False)
+    answer = json.loads(body)
+    assert answer == {
+        "id": f"msg_{HEX}", "type": "message", "role": "assistant", "model": MODEL,
+        "content": [{"type": "text", "text": TEXT}], "stop_reason": "end_turn", "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }  # fmt: skip
+    known(_sdk_shapes.message(answer))
+
+
+def test_a_replaced_responses_answer_is_one_completed_message(frozen: None) -> None:
+    body, _ = replacement("responses", TEXT, MODEL, streamed=False)
+    assert json.loads(body) == RESPONSE
+
+
+def test_a_replaced_responses_stream_is_the_events_of_one_message(frozen: None) -> None:
+    body, _ = replacement("responses", TEXT, MODEL, streamed=True)
+    at = {"item_id": f"msg_{HEX}", "output_index": 0, "content_index": 0}
+    part = {"type": "output_text", "text": TEXT, "annotations": []}
+    expected = [
+        {"type": "response.created", "sequence_number": 0,
+         "response": {**RESPONSE, "status": "in_progress", "output": []}},
+        {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+         "item": {**MESSAGE_ITEM, "status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", "sequence_number": 2, **at, "part": {**part, "text": ""}},
+        {"type": "response.output_text.delta", "sequence_number": 3, **at, "delta": TEXT},
+        {"type": "response.output_text.done", "sequence_number": 4, **at, "text": TEXT},
+        {"type": "response.content_part.done", "sequence_number": 5, **at, "part": part},
+        {"type": "response.output_item.done", "sequence_number": 6, "output_index": 0, "item": MESSAGE_ITEM},
+        {"type": "response.completed", "sequence_number": 7, "response": RESPONSE},
+    ]  # fmt: skip
+    assert _sdk_shapes.events(body) == [(event["type"], event) for event in expected]
 
 
 def test_a_replaced_chat_stream_is_two_chunks_and_done(frozen: None) -> None:
@@ -197,6 +250,71 @@ def test_a_completions_stream_reads_as_its_choices_texts_joined() -> None:
     assert read_answer("completions", raw, streamed=True).text == "Hello world"
 
 
+# --- Anthropic's answer: its text blocks joined, its tool calls with their input as JSON ------------------------------
+BLOCKS = [
+    {"type": "text", "text": "Hello"}, {"type": "text"}, {"type": "text", "text": " world"},
+    {"type": "server_tool_use", "name": "web_search", "input": {"query": "café"}},
+    {"type": "tool_use", "input": {}}, {"type": "tool_use", "name": "f"},
+]  # fmt: skip
+CALLS = [Call("web_search", '{"query": "café"}'), Call("", "{}"), Call("f", "{}")]
+
+
+def test_a_messages_answer_reads_as_its_text_and_its_calls_arguments_unescaped() -> None:
+    read = read_answer("messages", json.dumps({"type": "message", "content": BLOCKS}).encode(), streamed=False)
+    assert (read.text, read.calls) == ("Hello world", CALLS)
+
+
+def test_a_messages_stream_completes_each_call_when_its_block_stops() -> None:
+    seen, follow = Followed(), FOLLOWERS["messages"]
+    events = [
+        {"type": "message_start", "message": {"content": []}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "Hel"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta"}},
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "text"}},
+        {"type": "content_block_start", "index": 2, "content_block": {"type": "text", "text": " world"}},
+        {"type": "content_block_start", "index": 3, "content_block": {"type": "server_tool_use", "name": "web_search"}},
+        {"type": "content_block_delta", "index": 3, "delta": {"type": "input_json_delta", "partial_json": '{"q": '}},
+        {"type": "content_block_delta", "index": 3, "delta": {"type": "input_json_delta"}},
+        {"type": "content_block_delta", "index": 9, "delta": {"type": "input_json_delta", "partial_json": "stray"}},
+        {"type": "content_block_delta", "index": 3, "delta": {"type": "input_json_delta", "partial_json": '"x"}'}},
+        {"type": "content_block_stop", "index": 3},
+        {"type": "content_block_start", "index": 4, "content_block": {"type": "tool_use"}},
+        {"type": "content_block_stop", "index": 4},
+        {"type": "content_block_start", "index": 5, "content_block": {"type": "tool_use", "name": "open"}},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+    ]  # fmt: skip
+    for event in events:
+        follow(event, seen)
+    assert (seen.text, seen.done) == ("Hello world", [Call("web_search", '{"q": "x"}'), Call("", "")])
+    assert seen.open == {5: ["open", ""]}, "a call still streaming is not complete"
+
+
+# --- errors keep what they are given; a broken chat stream's error is OpenAI's -------------------------------------
+@pytest.mark.parametrize(
+    ("error", "status", "fields"),
+    [
+        (ModelNotFound("no such model", status=410), 410, ("no such model", "model_not_found", "model")),
+        (Unauthorized("no key", param="x-api-key", status=407), 407, ("no key", "invalid_api_key", "x-api-key")),
+        (RateLimited("over the rate", 7), 429, ("over the rate", "rate_limit_exceeded", None)),
+    ],
+)
+def test_an_error_answers_with_its_own_message_param_and_status(
+    error: RequestError, status: int, fields: tuple[str, str, str | None]
+) -> None:
+    answered, body, _ = answer(error, API_BY_NAME["chat"])
+    found = json.loads(body)["error"]
+    assert (answered, (found["message"], found["code"], found["param"])) == (status, fields)
+
+
+def test_a_broken_chat_stream_raises_the_upstream_error_in_the_openai_sdk() -> None:
+    ending = API_BY_NAME["chat"].stream_error("the upstream broke off its answer")
+    with client_of(openai.OpenAI, ending, stream=True) as client, pytest.raises(openai.APIError) as info:
+        list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert (info.value.message, info.value.type) == ("the upstream broke off its answer", "upstream_error")
+
+
 # --- the usage a stream's events carry -------------------------------------------------------------------------------
 def data(event: dict[str, Any], name: str | None = None) -> bytes:
     return (f"event: {name}\n" if name else "").encode() + b"data: " + json.dumps(event).encode() + b"\n\n"
@@ -263,3 +381,42 @@ def test_each_video_of_a_request_is_counted_once() -> None:
 def test_the_token_estimate_of_a_text_alone_counts_no_turn() -> None:
     text = "Hello world, this is a test of the tokenizer."  # the docstring's example
     assert estimate_tokens(text) == estimate_tokens(text, 0) == 12
+
+
+# --- `state: {from: new}`: what is new since the assistant last spoke ------------------------------------------------
+def said(role: str, text: str = "", *calls: str) -> Turn:
+    return Turn(role, text, (), tuple(calls))
+
+
+def acting(*calls: str) -> Turn:
+    """The turn `from: new` opens with: the last assistant turn's tool calls, without its words."""
+    return Turn("assistant", "", (), calls)
+
+
+NEW = {
+    # Responses: a message, then parallel calls as several items; what follows, but the system prompts
+    "parallel-calls": (
+        [said("system", "s"), said("user", "task"), said("assistant", "I will look", "c0"), said("assistant", "", "c1"),
+         said("assistant", "", "c2"), said("tool", "out"), said("developer", "d"), said("system", "s2"),
+         said("user", "more")],
+        [acting("c1", "c2"), said("tool", "out"), said("user", "more")],
+    ),
+    "calls-opening-the-request": (
+        [said("assistant", "", "c0"), said("assistant", "", "c1")], [acting("c0", "c1")]
+    ),
+    "after-the-users-task": (
+        [said("user", "task"), said("assistant", "", "c0"), said("assistant", "", "c1")], [acting("c0", "c1")]
+    ),
+    "the-first-turn-is-the-assistants": ([said("assistant", "", "c0"), said("tool", "out")],
+                                         [acting("c0"), said("tool", "out")]),
+    "only-the-assistants-calls": ([said("assistant", "", "c0"), said("user", "", "cu")],  # tool_use in a user turn
+                                  [acting("c0"), said("user", "", "cu")]),
+    "an-answer-without-calls": ([said("user", "q"), said("assistant", "a"), said("user", "next")], [said("user", "next")]),
+    "no-assistant-yet": ([said("system", "s"), said("user", "first")], [said("user", "first")]),
+    "nothing-new": ([said("system", "s"), said("user", "q"), said("assistant", "a")], [said("assistant", "a")]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("turns", "expected"), list(NEW.values()), ids=list(NEW))
+def test_new_reads_the_last_calls_and_what_came_after(turns: list[Turn], expected: list[Turn]) -> None:
+    assert since_assistant(turns) == expected
