@@ -264,6 +264,23 @@ def test_a_messages_answer_reads_as_its_text_and_its_calls_arguments_unescaped()
     assert (read.text, read.calls) == ("Hello world", CALLS)
 
 
+def test_a_responses_answer_reads_as_its_messages_text_and_every_kind_of_call() -> None:
+    output = [
+        {"type": "message", "content": [{"type": "output_text", "text": "Hello"}]},
+        {"type": "reasoning", "summary": []},
+        {"type": "message", "content": [{"type": "output_text", "text": " world"}]},
+        {"type": "function_call"},
+        {"type": "custom_tool_call", "name": "apply_patch", "input": "*** Begin Patch"},
+        {"type": "local_shell_call", "action": {"command": ["ls"]}},
+        {"type": "local_shell_call"},
+    ]
+    read = read_answer("responses", json.dumps({"object": "response", "output": output}).encode(), streamed=False)
+    assert (read.text, read.calls) == ("Hello world", [
+        Call("", ""), Call("apply_patch", "*** Begin Patch"), Call("local_shell", '{"command": ["ls"]}'),
+        Call("local_shell", "{}"),
+    ])  # fmt: skip
+
+
 def test_a_messages_stream_completes_each_call_when_its_block_stops() -> None:
     seen, follow = Followed(), FOLLOWERS["messages"]
     events = [
@@ -407,11 +424,12 @@ NEW = {
     "after-the-users-task": (
         [said("user", "task"), said("assistant", "", "c0"), said("assistant", "", "c1")], [acting("c0", "c1")]
     ),
-    "the-first-turn-is-the-assistants": ([said("assistant", "", "c0"), said("tool", "out")],
+    "the-first-turn-is-the-assistants": ([said("assistant", "Let me look", "c0"), said("tool", "out")],
                                          [acting("c0"), said("tool", "out")]),
     "only-the-assistants-calls": ([said("assistant", "", "c0"), said("user", "", "cu")],  # tool_use in a user turn
                                   [acting("c0"), said("user", "", "cu")]),
     "an-answer-without-calls": ([said("user", "q"), said("assistant", "a"), said("user", "next")], [said("user", "next")]),
+    "no-assistant-from-the-first-turn": ([said("user", "first"), said("tool", "r")], [said("user", "first"), said("tool", "r")]),
     "no-assistant-yet": ([said("system", "s"), said("user", "first")], [said("user", "first")]),
     "nothing-new": ([said("system", "s"), said("user", "q"), said("assistant", "a")], [said("assistant", "a")]),
 }  # fmt: skip
