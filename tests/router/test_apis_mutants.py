@@ -25,10 +25,11 @@ from policies import StateSettings
 from router import API_BY_NAME
 from router._apis import answers
 from router._apis.answers import FOLLOWERS, Call, Followed, read_answer, replacement
+from router._apis.chat import extract_state
 from router._apis.facts import estimate_tokens, request_facts
 from router._apis.state import DEFAULT_MEDIA, Turn, since_assistant
 from router._apis.usage import UsageReader
-from router._errors import ModelNotFound, RateLimited, RequestError, Unauthorized, answer
+from router._errors import BadRequest, ModelNotFound, RateLimited, RequestError, Unauthorized, answer
 from router._observe.usage import Tokens
 from tests.router import _sdk_shapes
 
@@ -281,6 +282,42 @@ def test_a_responses_answer_reads_as_its_messages_text_and_every_kind_of_call() 
     ])  # fmt: skip
 
 
+def test_a_chat_answer_reads_as_every_choices_text_and_calls() -> None:
+    calls = [
+        {"type": "function", "function": {"arguments": '{"x": 1}'}},
+        {"type": "function", "function": {"name": "f"}},
+    ]
+    choices = [{"index": 0, "message": {"role": "assistant", "content": "Hello"}},
+               {"index": 1, "message": {"role": "assistant", "content": " world", "tool_calls": calls}}]  # fmt: skip
+    read = read_answer("chat", json.dumps({"object": "chat.completion", "choices": choices}).encode(), streamed=False)
+    assert (read.text, read.calls) == ("Hello world", [Call("", '{"x": 1}'), Call("f", "")])
+
+
+def test_a_responses_stream_completes_each_call_with_its_item_done() -> None:
+    seen, follow = Followed(), FOLLOWERS["responses"]
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "fetch", "arguments": '{"path": "a"}'}
+    events = [
+        {"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "content": []}},
+        {"type": "response.output_text.delta", "output_index": 0, "delta": "Hello"},
+        {"type": "response.output_text.delta", "output_index": 0},
+        {"type": "response.output_text.delta", "output_index": 0, "delta": " world"},
+        {"type": "response.output_item.done", "output_index": 0, "item": {"type": "message", "content": []}},
+        {"type": "response.output_item.added", "output_index": 1, "item": {**call, "arguments": ""}},
+        {"type": "response.function_call_arguments.delta", "output_index": 1, "delta": '{"path": '},
+        {"type": "response.function_call_arguments.delta", "output_index": 1},
+        {"type": "response.function_call_arguments.delta", "output_index": 7, "delta": "stray"},
+        {"type": "response.function_call_arguments.delta", "output_index": 1, "delta": '"a"}'},
+        {"type": "response.output_item.added", "output_index": 2, "item": {"type": "custom_tool_call", "name": "patch"}},
+        {"type": "response.custom_tool_call_input.delta", "output_index": 2, "delta": "*** Begin"},
+        {"type": "response.output_item.added", "output_index": 3, "item": {"type": "local_shell_call"}},
+        {"type": "response.output_item.done", "output_index": 1, "item": call},
+    ]  # fmt: skip
+    for event in events:
+        follow(event, seen)
+    assert (seen.text, seen.done) == ("Hello world", [Call("fetch", '{"path": "a"}')])
+    assert seen.open == {2: ["patch", "*** Begin"], 3: ["local_shell_call", ""]}, "calls still streaming"
+
+
 def test_a_messages_stream_completes_each_call_when_its_block_stops() -> None:
     seen, follow = Followed(), FOLLOWERS["messages"]
     events = [
@@ -393,6 +430,27 @@ def test_each_video_of_a_request_is_counted_once() -> None:
     chat = API_BY_NAME["chat"]
     facts = request_facts(chat, body, chat.state(body, StateSettings("last_user", 100), DEFAULT_MEDIA))
     assert (facts["request.videos"], facts["request.images"]) == (2, 1)
+
+
+def test_a_media_url_two_parsers_read_differently_is_refused_naming_the_messages() -> None:
+    with pytest.raises(BadRequest) as info:
+        extract_state([user_with("http://169.254.169.254\\@img.example.com/a.png")], StateSettings("last_user", 100))
+    assert (info.value.message, info.value.param, info.value.status) == (
+        "a media URL holds userinfo, a backslash, a space, a non-ASCII character or a host URL parsers read "
+        "differently; send a plain http(s)://host/path URL or a data URL", "messages", 400,
+    )  # fmt: skip
+
+
+def test_a_media_url_by_ipv6_address_is_read_as_its_host() -> None:
+    state = extract_state([user_with("http://[::1]/a.png")], StateSettings("last_user", 100))
+    assert state.dropped == ("host ::1 not in server.media_hosts",)
+
+
+def user_with(url: str) -> dict[str, Any]:
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": url}}],
+    }
 
 
 def test_the_token_estimate_of_a_text_alone_counts_no_turn() -> None:
