@@ -295,14 +295,14 @@ def test_a_chat_answer_reads_as_every_choices_text_and_calls() -> None:
 
 def test_a_responses_stream_completes_each_call_with_its_item_done() -> None:
     seen, follow = Followed(), FOLLOWERS["responses"]
-    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "fetch", "arguments": '{"path": "a"}'}
+    shell = {"type": "local_shell_call", "action": {"command": ["ls"]}}
     events = [
         {"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "content": []}},
         {"type": "response.output_text.delta", "output_index": 0, "delta": "Hello"},
         {"type": "response.output_text.delta", "output_index": 0},
         {"type": "response.output_text.delta", "output_index": 0, "delta": " world"},
         {"type": "response.output_item.done", "output_index": 0, "item": {"type": "message", "content": []}},
-        {"type": "response.output_item.added", "output_index": 1, "item": {**call, "arguments": ""}},
+        {"type": "response.output_item.added", "output_index": 1, "item": {"type": "function_call", "name": "fetch"}},
         {"type": "response.function_call_arguments.delta", "output_index": 1, "delta": '{"path": '},
         {"type": "response.function_call_arguments.delta", "output_index": 1},
         {"type": "response.function_call_arguments.delta", "output_index": 7, "delta": "stray"},
@@ -310,12 +310,37 @@ def test_a_responses_stream_completes_each_call_with_its_item_done() -> None:
         {"type": "response.output_item.added", "output_index": 2, "item": {"type": "custom_tool_call", "name": "patch"}},
         {"type": "response.custom_tool_call_input.delta", "output_index": 2, "delta": "*** Begin"},
         {"type": "response.output_item.added", "output_index": 3, "item": {"type": "local_shell_call"}},
-        {"type": "response.output_item.done", "output_index": 1, "item": call},
+        {"type": "response.output_item.added", "output_index": 4, "item": {"id": "item_4"}},
+        {"type": "response.output_item.done", "output_index": 3, "item": shell},
     ]  # fmt: skip
     for event in events:
         follow(event, seen)
-    assert (seen.text, seen.done) == ("Hello world", [Call("fetch", '{"path": "a"}')])
-    assert seen.open == {2: ["patch", "*** Begin"], 3: ["local_shell_call", ""]}, "calls still streaming"
+    assert (seen.text, seen.done) == ("Hello world", [Call("local_shell", '{"command": ["ls"]}')])
+    assert seen.open == {1: ["fetch", '{"path": "a"}'], 2: ["patch", "*** Begin"], 4: ["", ""]}, "calls streaming"
+
+
+def test_a_chat_stream_completes_a_choices_calls_when_that_choice_finishes() -> None:
+    seen, follow = Followed(), FOLLOWERS["chat"]
+
+    def chunk(*choices: dict[str, Any]) -> None:
+        follow({"object": "chat.completion.chunk", "choices": list(choices)}, seen)
+
+    def calls(*pieces: tuple[int, dict[str, str]]) -> dict[str, Any]:
+        return {"tool_calls": [{"index": index, "function": function} for index, function in pieces]}
+
+    chunk(
+        {"index": 0, "delta": {"role": "assistant", "content": "Hi"}},
+        {"index": 1, "delta": calls((0, {"name": "fe", "arguments": '{"a"'}), (1, {"name": "g"}))},
+    )
+    chunk(
+        {"index": 1, "delta": calls((0, {"name": "tch", "arguments": ": 1}"}))},
+        {"index": 0, "delta": {"content": " there", **calls((0, {"name": "h", "arguments": "{}"}))}},
+    )
+    chunk({"index": 1, "delta": {}, "finish_reason": "tool_calls"})
+    assert (seen.text, seen.done, seen.open) == ("Hi there", [Call("fetch", '{"a": 1}'), Call("g", "")],
+                                                 {(0, 0): ["h", "{}"]})  # fmt: skip
+    chunk({"index": 0, "delta": {}, "finish_reason": "tool_calls"})
+    assert (seen.done[2:], seen.open) == ([Call("h", "{}")], {})
 
 
 def test_a_messages_stream_completes_each_call_when_its_block_stops() -> None:
