@@ -27,6 +27,7 @@ from router._apis import answers
 from router._apis.answers import FOLLOWERS, Call, Followed, read_answer, replacement
 from router._apis.chat import extract_state
 from router._apis.facts import estimate_tokens, request_facts
+from router._apis.registry import error_api
 from router._apis.state import DEFAULT_MEDIA, Turn, since_assistant
 from router._apis.usage import UsageReader
 from router._errors import BadRequest, ModelNotFound, RateLimited, RequestError, Unauthorized, answer
@@ -341,6 +342,10 @@ def test_a_chat_stream_completes_a_choices_calls_when_that_choice_finishes() -> 
                                                  {(0, 0): ["h", "{}"]})  # fmt: skip
     chunk({"index": 0, "delta": {}, "finish_reason": "tool_calls"})
     assert (seen.done[2:], seen.open) == ([Call("h", "{}")], {})
+    chunk({"delta": {"tool_calls": [{"function": {"name": "ls", "arguments": "{"}}]}})  # no index: choice 0, call 0
+    chunk({"index": 0, "delta": calls((0, {"arguments": "}"}))})
+    chunk({"delta": {}, "finish_reason": "tool_calls"})
+    assert (seen.done[3:], seen.open) == ([Call("ls", "{}")], {})
 
 
 def test_a_messages_stream_completes_each_call_when_its_block_stops() -> None:
@@ -441,6 +446,34 @@ def test_a_messages_stream_is_counted_from_its_events_which_are_never_cut() -> N
     delta = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 6}}
     assert [reader.event(data(start, "message_start")), reader.event(data(delta, "message_delta"))] == [True, True]
     assert reader.tokens == Tokens(input=9, output=6, reported=True)
+
+
+def test_anthropic_usage_counts_the_cache_reads_and_reports_only_what_it_found() -> None:
+    reader = UsageReader("messages")
+    reader.event(data({"type": "message_delta", "delta": {}, "usage": {}}, "message_delta"))
+    assert reader.tokens == Tokens(), "no token count in it: nothing reported"
+    start = {"usage": {"input_tokens": 5, "cache_read_input_tokens": 2, "cache_creation_input_tokens": 1}}
+    reader.event(data({"type": "message_start", "message": start}, "message_start"))
+    assert reader.tokens == Tokens(input=8, cached=2, output=0, reported=True)
+
+
+# --- the shape of the errors of a path that is not a decided endpoint ------------------------------------------------
+VERSION = [(b"anthropic-version", b"2023-06-01")]
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "api"),
+    [
+        ("/v1/responses", VERSION, "responses"),
+        ("/v1/messages/count_tokens", [], "messages"),
+        ("/v1/models", VERSION, "messages"),
+        ("/v1/models", [], "chat"),
+        ("/v1/embeddings", VERSION, "chat"),
+    ],
+)
+def test_errors_take_the_shape_of_the_api_the_path_belongs_to(path: str, headers: list[tuple[bytes, bytes]], api: str
+                                                              ) -> None:  # fmt: skip
+    assert error_api(path, headers) is API_BY_NAME[api]
 
 
 # --- the request's facts --------------------------------------------------------------------------------------------
