@@ -115,7 +115,7 @@ def test_a_replaced_responses_stream_is_the_events_of_one_message(frozen: None) 
     body, _ = replacement("responses", TEXT, MODEL, streamed=True)
     at = {"item_id": f"msg_{HEX}", "output_index": 0, "content_index": 0}
     part = {"type": "output_text", "text": TEXT, "annotations": []}
-    expected = [
+    expected: list[dict[str, Any]] = [
         {"type": "response.created", "sequence_number": 0,
          "response": {**RESPONSE, "status": "in_progress", "output": []}},
         {"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
@@ -161,9 +161,9 @@ def test_a_replaced_completions_stream_is_one_event_and_done(frozen: None) -> No
 
 def test_a_replaced_messages_stream_is_anthropics_event_sequence(frozen: None) -> None:
     body, _ = replacement("messages", TEXT, MODEL, streamed=True)
-    start = {"id": f"msg_{HEX}", "type": "message", "role": "assistant", "model": MODEL, "content": [],
+    start: dict[str, Any] = {"id": f"msg_{HEX}", "type": "message", "role": "assistant", "model": MODEL, "content": [],
              "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}}  # fmt: skip
-    expected = [
+    expected: list[dict[str, Any]] = [
         {"type": "message_start", "message": start},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": TEXT}},
@@ -297,7 +297,7 @@ def test_a_chat_answer_reads_as_every_choices_text_and_calls() -> None:
 def test_a_responses_stream_completes_each_call_with_its_item_done() -> None:
     seen, follow = Followed(), FOLLOWERS["responses"]
     shell = {"type": "local_shell_call", "action": {"command": ["ls"]}}
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "content": []}},
         {"type": "response.output_text.delta", "output_index": 0, "delta": "Hello"},
         {"type": "response.output_text.delta", "output_index": 0},
@@ -350,7 +350,7 @@ def test_a_chat_stream_completes_a_choices_calls_when_that_choice_finishes() -> 
 
 def test_a_messages_stream_completes_each_call_when_its_block_stops() -> None:
     seen, follow = Followed(), FOLLOWERS["messages"]
-    events = [
+    events: list[dict[str, Any]] = [
         {"type": "message_start", "message": {"content": []}},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": "Hel"}},
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "lo"}},
