@@ -24,7 +24,7 @@ from openai.types.responses import ResponseErrorEvent
 from policies import StateSettings
 from router import API_BY_NAME
 from router._apis import answers
-from router._apis.answers import FOLLOWERS, Call, Followed, read_answer, replacement
+from router._apis.answers import FOLLOWERS, Answered, Call, Followed, read_answer, replacement
 from router._apis.chat import extract_state
 from router._apis.facts import estimate_tokens, request_facts
 from router._apis.registry import error_api
@@ -240,6 +240,11 @@ def test_the_openai_sdk_lists_the_models_each_in_openais_model_shape() -> None:
 
 # --- completions' text: every choice's, in order; a choice without text adds none ------------------------------------
 CHOICES = [{"index": 0, "text": "Hello"}, {"index": 1}, {"index": 2, "text": " world"}]
+
+
+@pytest.mark.parametrize("api", ["chat", "completions", "responses", "messages"])
+def test_a_json_answer_that_is_not_an_object_reads_as_empty(api: str) -> None:
+    assert read_answer(api, b'["not", "an", "answer"]', streamed=False) == Answered()
 
 
 def test_a_completions_answer_reads_as_its_choices_texts_joined() -> None:
