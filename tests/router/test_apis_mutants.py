@@ -318,11 +318,17 @@ def test_a_responses_stream_completes_each_call_with_its_item_done() -> None:
         {"type": "response.output_item.added", "output_index": 3, "item": {"type": "local_shell_call"}},
         {"type": "response.output_item.added", "output_index": 4, "item": {"id": "item_4"}},
         {"type": "response.output_item.done", "output_index": 3, "item": shell},
+        {"type": "response.output_item.added", "output_index": 5, "item": {"type": "local_shell_call"}},
     ]  # fmt: skip
     for event in events:
         follow(event, seen)
     assert (seen.text, seen.done) == ("Hello world", [Call("local_shell", '{"command": ["ls"]}')])
-    assert seen.open == {1: ["fetch", '{"path": "a"}'], 2: ["patch", "*** Begin"], 4: ["", ""]}, "calls streaming"
+    assert seen.open == {
+        1: ["fetch", '{"path": "a"}'],
+        2: ["patch", "*** Begin"],
+        4: ["", ""],
+        5: ["local_shell_call", ""],
+    }, "calls streaming"
 
 
 def test_a_chat_stream_completes_a_choices_calls_when_that_choice_finishes() -> None:
