@@ -6,8 +6,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.metadata
+import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -71,15 +72,16 @@ async def serve_in_process(argv: Sequence[str]) -> AsyncIterator[ASGIApp]:
     # vLLM logs to stdout by default; embedded, that is the host's stdout, where `d3router replay --json` and
     # `explain` write their output: its log lines go to stderr unless the user chose otherwise.
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    try:
-        importlib.import_module("vllm")
-    except ImportError as exc:
-        raise ImportError(INSTALL_HINT) from exc
-    cli_args = _import_first(_CLI_ARGS)
-    entry = importlib.import_module(_ENTRY)
-    app_state = importlib.import_module(_APP_STATE)
-    app_module = importlib.import_module(_APP)
-    argparse_utils = importlib.import_module(_ARGPARSE)
+    with host_logging_kept():
+        try:
+            importlib.import_module("vllm")
+        except ImportError as exc:
+            raise ImportError(INSTALL_HINT) from exc
+        cli_args = _import_first(_CLI_ARGS)
+        entry = importlib.import_module(_ENTRY)
+        app_state = importlib.import_module(_APP_STATE)
+        app_module = importlib.import_module(_APP)
+        argparse_utils = importlib.import_module(_ARGPARSE)
 
     parser = cli_args.make_arg_parser(argparse_utils.FlexibleArgumentParser())
     args = parser.parse_args(list(argv))
@@ -87,12 +89,28 @@ async def serve_in_process(argv: Sequence[str]) -> AsyncIterator[ASGIApp]:
     async with contextlib.AsyncExitStack() as stack:
         started: list[Any] = []
         stack.callback(lambda: _end_context(started))  # runs last: after vLLM's shutdown has closed the sockets
-        engine = await stack.enter_async_context(entry.build_async_engine_client(args))
-        started.append(engine)
-        tasks = await engine.get_supported_tasks()
-        app = app_module.build_app(args, tasks, engine.model_config)
-        await app_state.init_app_state(engine, app.state, args, tasks)
+        with host_logging_kept():
+            engine = await stack.enter_async_context(entry.build_async_engine_client(args))
+            started.append(engine)
+            tasks = await engine.get_supported_tasks()
+            app = app_module.build_app(args, tasks, engine.model_config)
+            await app_state.init_app_state(engine, app.state, args, tasks)
         yield app
+
+
+@contextlib.contextmanager
+def host_logging_kept() -> Iterator[None]:
+    """The root logger's level and its handlers' levels as they were before: vLLM's app imports a SageMaker helper
+    (`model_hosting_container_standards`) that sets them to ERROR on import unless `LOG_LEVEL` says otherwise, which
+    silenced every warning and info line of the process hosting the engine (d3router's own among them)."""
+    root = logging.getLogger()
+    level, handlers = root.level, [(handler, handler.level) for handler in root.handlers]
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        for handler, handler_level in handlers:
+            handler.setLevel(handler_level)
 
 
 def _end_context(started: list[Any]) -> None:

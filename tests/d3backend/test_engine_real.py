@@ -4,6 +4,7 @@ errors as production, with answers that carry no meaning. Nothing here depends o
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import multiprocessing
 import warnings
@@ -181,3 +182,24 @@ async def test_a_second_embedded_engine_leaves_no_zmq_context_to_the_collector(
                 warnings.simplefilter("always", ResourceWarning)
                 gc.collect()
             assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+async def test_the_hosts_log_lines_survive_an_embedded_engine(
+    tiny_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """vLLM's app imports a SageMaker helper that set the root logger and its handlers to ERROR: after an embedded
+    engine started, d3router's warnings and info lines were gone for the life of the process (a random-order run lost
+    a test of a warning to it, whichever engine test ran first)."""
+    require_vllm()
+    root = logging.getLogger()
+    before = root.level, [handler.level for handler in root.handlers]
+    with lives_until_exit("vLLM keeps its first in-process engine client's spawn pipes"):
+        engine = EmbeddedEngine(
+            str(tiny_model), served_model_name=SERVED_MODEL, max_model_len=2048, dtype="float32",
+            kv_cache_memory_bytes="256M", cache_dir=tmp_path,
+        )  # fmt: skip
+        async with engine:
+            logging.getLogger("router.host").warning("a line of the host's, engine running")
+    assert (root.level, [handler.level for handler in root.handlers]) == before
+    logging.getLogger("router.host").warning("a line of the host's, engine stopped")
+    assert "engine running" in caplog.text and "engine stopped" in caplog.text
