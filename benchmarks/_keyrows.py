@@ -12,7 +12,9 @@ Four rows, each the cache-hit row's proxy (benchmarks/_proxy.py `router --engine
 
 The limits are 10^9 requests a second: every request is counted and none refused. `vs_auth(rows)` gives a summary
 line per comparison, each with the issue's target: keys on vs off, CPU per request added (<= 10 us); a rate limit
-in process and in Redis vs keys on alone, p50 added at c=1 (<= 0.05 ms and <= 0.3 ms).
+in process and in Redis vs keys on alone, p50 added at c=1 (<= 0.05 ms and <= 0.3 ms). The Redis row's line
+says what one round trip of the limit's own script costs from redis-py on the same machine, measured beside the
+rows (benchmarks/_redisfloor.py): the floor under what that row can add.
 """
 
 from __future__ import annotations
@@ -88,9 +90,10 @@ def with_auth(text: str, auth: str, redis: str | None = None, salt_env: str = "D
     return f"server: {json.dumps(server)}\n{text}"
 
 
-def vs_auth(rows: list[dict[str, Any]]) -> dict[str, str]:
+def vs_auth(rows: list[dict[str, Any]], floor: dict[str, float] | None = None) -> dict[str, str]:
     """A line per comparison of `COMPARED` whose two rows were measured: the figure added at each concurrency, and
-    against the target (at c=1 for p50; at every concurrency for CPU)."""
+    against the target (at c=1 for p50; at every concurrency for CPU); the Redis row's with the `floor` measured
+    beside it (benchmarks/_redisfloor.py: one round trip of the rate limit's own script from redis-py)."""
     by = {(row["target"], row["concurrency"]): row for row in rows}
     lines = {}
     for name, against, figure, target in COMPARED:
@@ -110,8 +113,12 @@ def vs_auth(rows: list[dict[str, Any]]) -> dict[str, str]:
             verdict = "met" if all(value <= target for _, value in added) else "MISSED"
             goal = f"target <= {target * 1000:g} us ({verdict})"
         errors = sum(row["errors"] for (target_name, _), row in by.items() if target_name == name)
+        below = ""
+        if floor and name == REDIS:
+            below = f"; one round trip of its script from redis-py at c=1: {floor['rate']:.3f} ms p50 (a GET's: "
+            below += f"{floor['get']:.3f} ms)"
         lines[f"keys: {name}"] = (
             f"{name}: adds {figure} {', '.join(f'{value:+.3f}' for _, value in added)} over {against} at "
             f"c={'/'.join(str(level) for level, _ in added)}; {goal}" + (f"; {errors} errors" if errors else "")
-        )
+        ) + below
     return lines

@@ -111,10 +111,12 @@ def redis_server(pin: list[str], timeout_s: float = 30.0) -> Iterator[str]:
                 proc.wait()
 
 
-def vs_cache_hit(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]] | None = None) -> dict[str, str]:
+def vs_cache_hit(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]] | None = None,
+                 floor: dict[str, float] | None = None) -> dict[str, str]:  # fmt: skip
     """Fill each session row's `COLUMN` (its p50 less the plain cache-hit row's, same concurrency); return a line
-    per session row: the added p50 at each concurrency, the target at c=1, and from `counts` (what each proxy
-    printed as it stopped) the turns Redis left to the in-process store, if any."""
+    per session row: the added p50 at each concurrency, the target at c=1, from `counts` (what each proxy printed
+    as it stopped) the turns Redis left to the in-process store, if any, and for a Redis row the `floor` measured
+    beside it (benchmarks/_redisfloor.py: one GET's round trip from redis-py)."""
     plain = {row["concurrency"]: row for row in rows if row["target"] == PLAIN}
     found: dict[str, list[tuple[int, float]]] = {}
     cpu: dict[str, list[float]] = {}  # the steadier figure on these shared cores: CPU per request, added
@@ -140,4 +142,6 @@ def vs_cache_hit(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]] |
             + (f"; {errors} errors" if errors else "")
             + (f"; {fallbacks} store calls fell back from Redis to the in-process store" if fallbacks else "")
         )
+        if floor and ROWS[name][0] == "redis":
+            lines[name] += f"; one GET's round trip from redis-py at c=1: {floor['get']:.3f} ms p50"
     return lines

@@ -41,7 +41,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _keyrows, _peers, _sessionrows
+from benchmarks import _keyrows, _peers, _redisfloor, _sessionrows
 from benchmarks._apirows import GUARDED, api_of, picked, vs_chat, vs_plain
 from benchmarks._enginerows import real_engine, workers
 from benchmarks._families import Run, families
@@ -132,6 +132,8 @@ def main() -> None:
                               headers=_keyrows.headers(name))
                         for name, spec in picked_rows]  # fmt: skip
             rows += interleaved(targets + plain_peers, levels, requests, rounds)
+            if redis:  # the floor under the Redis rows: one round trip from redis-py, beside their figures
+                extra["redis floor"] = _redisfloor.measure(redis, 300 if args.quick else 3000)
         rows += streams(upstream, levels, requests // 3 or 10, rounds, extra, args.only, stream_peers)
         run = Run(upstream, levels, requests, rounds, args.only, extra, work, args.quick, not args.no_engine)
         for family in measured:  # benchmarks/_families.py: each in turns of its own
@@ -157,9 +159,9 @@ def main() -> None:
     extra["vs chat"] = vs_chat(rows)
     extra["vs not rewritten"] = vs_plain(rows)
     extra["vs unguarded"] = vs_plain(rows, GUARDED, "unguarded")
-    extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"])
+    extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"], extra.get("redis floor"))
     extra["peers"] = _peers.vs_d3router(rows)
-    extra["keys"] = _keyrows.vs_auth(rows)
+    extra["keys"] = _keyrows.vs_auth(rows, extra.get("redis floor"))
     summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["vs unguarded"], **extra["sessions"],
                **extra["peers"], **extra["keys"]}  # fmt: skip
     for family in measured:

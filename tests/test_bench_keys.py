@@ -71,6 +71,11 @@ def test_the_summary_sets_each_row_against_its_base() -> None:
         f"keys: {_keyrows.RATE}"]  # fmt: skip
     assert lines[f"keys: {_keyrows.REDIS}"].endswith("target <= 0.3 ms at c=1 (MISSED); 2 errors")
     assert _keyrows.vs_auth([row(_keyrows.RATE, 1, 0.6, 0.4)]) == {}  # no base measured: no line
+    floored = _keyrows.vs_auth(rows, {"get": 0.2, "rate": 0.25})
+    assert floored[f"keys: {_keyrows.REDIS}"].endswith(
+        "; 2 errors; one round trip of its script from redis-py at c=1: 0.250 ms p50 (a GET's: 0.200 ms)"
+    )
+    assert floored[f"keys: {_keyrows.RATE}"] == lines[f"keys: {_keyrows.RATE}"]  # the floor is the Redis row's only
 
 
 def test_base_rows_come_with_the_rows_set_against_them() -> None:
@@ -93,3 +98,6 @@ def test_the_key_rows_run_with_no_errors(tmp_path: Path) -> None:
                         _keyrows.REDIS: "RedisLimiter"}  # fmt: skip
     assert extra["engine_calls"][_keyrows.REDIS]["redis_fallbacks"] == 0  # every limit was kept in Redis
     assert set(extra["keys"]) == {f"keys: {name}" for name in (_keyrows.KEYS, _keyrows.RATE, _keyrows.REDIS)}
+    floor = extra["redis floor"]  # measured against the same redis-server, beside the rows
+    assert set(floor) == {"get", "rate"} and all(0 < value < 50 for value in floor.values()), floor
+    assert f"from redis-py at c=1: {floor['rate']:.3f} ms p50" in extra["keys"][f"keys: {_keyrows.REDIS}"]

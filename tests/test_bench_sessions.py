@@ -89,6 +89,9 @@ def test_session_summary_sets_each_row_against_the_plain_row() -> None:
     with_cpu = _sessionrows.vs_cache_hit(rows)
     assert "(met); CPU ms per request +0.020, +0.010" in with_cpu[IN_PROCESS]
     assert with_cpu[IN_REDIS].endswith("(MISSED); CPU ms per request +0.100; 3 errors")
+    floored = _sessionrows.vs_cache_hit(rows, None, {"get": 0.21, "rate": 0.3})
+    assert floored[IN_REDIS].endswith("; 3 errors; one GET's round trip from redis-py at c=1: 0.210 ms p50")
+    assert floored[IN_PROCESS] == with_cpu[IN_PROCESS]  # no floor under an in-process row
 
 
 def test_nginx_config_is_one_worker_with_keepalive_upstreams_and_no_buffering(tmp_path: Path) -> None:

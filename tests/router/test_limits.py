@@ -156,3 +156,19 @@ async def test_redis_down_limits_per_replica_with_one_log_line(
         assert statuses == [200, 200, 429, 429]  # this replica's own limit, no failed request
     down = [r for r in caplog.records if "redis" in r.getMessage() and "failed" in r.getMessage()]
     assert len(down) == 1
+
+
+@pytest.mark.parametrize("body", [b"{not json", b'{"model": "no-such-policy", "messages": []}'])
+async def test_a_limited_callers_429_wins_over_what_its_body_would_get(
+    redis_server: RedisServer, clock: Clock, body: bytes
+) -> None:
+    """The rate is checked before the body is read, in process and in Redis: a caller over its rate gets the 429,
+    not its bad body's 400 or its unknown model's 404 (nor costs the router the body's read)."""
+    auth = {"authorization": f"Bearer {A}", "content-type": "application/json"}
+    for redis in ("", f"  redis: {redis_server.url}\n  sessions: {{salt_env: SALT}}\n"):
+        async for [(_, http)] in apps(CONFIG.format(redis=redis), clock):
+            first = [(await http.post("/v1/chat/completions", content=body, headers=auth)).status_code for _ in "ab"]
+            assert first[0] == first[1] and first[0] in (400, 404)  # within the rate: what the body gets
+            over = await http.post("/v1/chat/completions", content=body, headers=auth)
+            assert (over.status_code, over.json()["error"]["code"]) == (429, "rate_limit_exceeded"), redis
+        clock.now += 100.0

@@ -1,0 +1,73 @@
+"""The floor under the router benchmark's Redis rows: one round trip to the benchmark's redis-server from redis-py.
+
+    python -m benchmarks._redisfloor redis://127.0.0.1:PORT/0 [--calls 3000]    # prints {"get": ms, "rate": ms}
+
+A row with Redis (sessions, rate limits) adds at least one round trip to each request; what one costs on this
+machine, measured the way the router makes it (redis-py's asyncio client on uvloop, one connection, one call at a
+time, from a process on the proxies' core), is set beside the row's added p50 (benchmarks/_keyrows.py,
+benchmarks/_sessionrows.py): a `GET` (a session's read or write costs about as much) and the rate limit's own script
+(router/_faces/limits.py: `EVALSHA`, two limits). p50 of `--calls` calls each, after 200 unmeasured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import uvloop
+from redis.asyncio import Redis
+
+from benchmarks._harness import _pin
+from router._faces.limits import _SCRIPT
+
+KEYS = ["d3:rate:{group:floor}:key:floor", "d3:rate:{group:floor}"]  # a key in a group: both limits, as the row's
+
+
+def measure(url: str, calls: int = 3000, core: int = 1) -> dict[str, float]:
+    """p50 ms of a GET and of the rate limit's script, measured in a process pinned to `core`."""
+    argv = [*_pin(core), sys.executable, "-m", "benchmarks._redisfloor", url, "--calls", str(calls)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=True).stdout
+    figures: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    return figures
+
+
+async def _p50(call: Callable[[], Awaitable[Any]], calls: int) -> float:
+    for _ in range(200):
+        await call()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        await call()
+        times.append(time.perf_counter() - start)
+    return round(statistics.median(times) * 1000, 4)
+
+
+async def _floor(url: str, calls: int) -> dict[str, float]:
+    client = Redis.from_url(url, decode_responses=True, driver_info=None)
+    try:
+        script = client.register_script(_SCRIPT)
+        rate = ["1e-09", "0.999999999"] * 2  # 10^9 a second, as the row's: every call counted, none refused
+        return {
+            "get": await _p50(lambda: client.get(KEYS[1]), calls),
+            "rate": await _p50(lambda: script(keys=KEYS, args=[repr(time.time()), *rate]), calls),
+        }
+    finally:
+        await client.aclose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("url")
+    parser.add_argument("--calls", type=int, default=3000)
+    args = parser.parse_args()
+    print(json.dumps(uvloop.run(_floor(args.url, args.calls))))
+
+
+if __name__ == "__main__":
+    main()
