@@ -161,7 +161,9 @@ def main() -> None:
     extra["vs unguarded"] = vs_plain(rows, GUARDED, "unguarded")
     extra["sessions"] = _sessionrows.vs_cache_hit(rows, extra["engine_calls"], extra.get("redis floor"))
     extra["peers"] = _peers.vs_d3router(rows)
-    extra["keys"] = _keyrows.vs_auth(rows, extra.get("redis floor"))
+    if any(name in _keyrows.ROWS for name, _ in picked_rows):
+        extra["key costs"] = _keyrows.own_costs(*((2, 2000) if args.quick else (7, 20_000)))
+    extra["keys"] = _keyrows.vs_auth(rows, extra.get("redis floor"), extra.get("key costs"))
     summary = {**extra["vs chat"], **extra["vs not rewritten"], **extra["vs unguarded"], **extra["sessions"],
                **extra["peers"], **extra["keys"]}  # fmt: skip
     for family in measured:

@@ -76,6 +76,13 @@ def test_the_summary_sets_each_row_against_its_base() -> None:
         "; 2 errors; one round trip of its script from redis-py at c=1: 0.250 ms p50 (a GET's: 0.200 ms)"
     )
     assert floored[f"keys: {_keyrows.RATE}"] == lines[f"keys: {_keyrows.RATE}"]  # the floor is the Redis row's only
+    costs = {"caller, auth off": 3.4, "caller, auth keys": 2.1, "rate limit in process": 61.0}
+    alone = _keyrows.vs_auth(rows, None, costs)
+    assert alone[f"keys: {_keyrows.KEYS}"].endswith(
+        "(MISSED); measured alone: the caller found in 2.1 us with keys on, 3.4 us off: -1.3 us (met)"
+    )
+    assert alone[f"keys: {_keyrows.RATE}"].endswith("(met); measured alone: 61.0 us a request (MISSED)")
+    assert alone[f"keys: {_keyrows.REDIS}"] == lines[f"keys: {_keyrows.REDIS}"]
 
 
 def test_base_rows_come_with_the_rows_set_against_them() -> None:
@@ -98,6 +105,10 @@ def test_the_key_rows_run_with_no_errors(tmp_path: Path) -> None:
                         _keyrows.REDIS: "RedisLimiter"}  # fmt: skip
     assert extra["engine_calls"][_keyrows.REDIS]["redis_fallbacks"] == 0  # every limit was kept in Redis
     assert set(extra["keys"]) == {f"keys: {name}" for name in (_keyrows.KEYS, _keyrows.RATE, _keyrows.REDIS)}
+    costs = extra["key costs"]  # the checks measured alone, in microseconds
+    assert set(costs) == {"caller, auth off", "caller, auth keys", "rate limit in process"}, costs
+    assert all(0 < value < 1000 for value in costs.values()), costs
+    assert "; measured alone: " in extra["keys"][f"keys: {_keyrows.RATE}"]
     floor = extra["redis floor"]  # measured against the same redis-server, beside the rows
     assert set(floor) == {"get", "rate"} and all(0 < value < 50 for value in floor.values()), floor
     assert f"from redis-py at c=1: {floor['rate']:.3f} ms p50" in extra["keys"][f"keys: {_keyrows.REDIS}"]
