@@ -9,6 +9,7 @@ import pytest
 from d3backend import ChoiceAnswer, NoulAnswer
 from policies import Block, ConfigError, Replace, parse_config
 from policies._answer import AnswerTest
+from policies._errors import EvaluationError
 
 HEAD = """\
 upstreams: {small: {url: http://small.test/v1}}
@@ -147,3 +148,35 @@ def test_a_case_for_a_guard_without_questions_says_none_are_known() -> None:
         "c.yaml:8:22: policies.guarded.answer.tests[0].answers.leak: unknown answer question 'leak'; expected one "
         "of none"
     ]
+
+
+def test_a_bad_answer_question_is_reported_where_it_is() -> None:
+    lines = refused("""\
+      questions: {tone: {type: choice}}
+      rules: [{name: r, when: 'tone == "x"', block: {status: 403, message: no}}]
+""")
+    assert lines[0].startswith("c.yaml:6:19: policies.guarded.answer.questions.tone: "), lines
+
+
+def test_the_rules_after_one_reading_a_fact_are_still_checked() -> None:
+    assert refused("""\
+      questions: {leak: {type: noul}}
+      rules:
+        - {name: f, when: request.stream and leak > 0.5, block: {status: 403, message: no}}
+        - {name: g, when: leak >, block: {status: 403, message: no}}
+""") == [
+        "c.yaml:8:21: policies.guarded.answer.rules[0].when: answer rule 'f' reads request.stream: an answer rule "
+        "reads only the answer's questions; route on facts in the policy's own rules",
+        "c.yaml:9:21: policies.guarded.answer.rules[1].when: expected a value after '>'",
+        "    leak >",
+        "          ^",
+    ]
+
+
+def test_an_answer_rule_sets_nothing_and_names_a_question_without_an_answer() -> None:
+    guard = parse_config(VALID, "c.yaml").policies["guarded"].answer
+    assert guard is not None
+    assert [rule.params for rule in guard.rules] == [{}, {}, {}]  # (an answer rule has no params: empty ones)
+    with pytest.raises(EvaluationError) as info:
+        guard.evaluate({})
+    assert str(info.value) == "answer rule 'no-leak' reads 'leak', which has no answer"
