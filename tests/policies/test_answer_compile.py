@@ -151,11 +151,15 @@ def test_a_case_for_a_guard_without_questions_says_none_are_known() -> None:
 
 
 def test_a_bad_answer_question_is_reported_where_it_is() -> None:
-    lines = refused("""\
-      questions: {tone: {type: choice}}
-      rules: [{name: r, when: 'tone == "x"', block: {status: 403, message: no}}]
-""")
-    assert lines[0].startswith("c.yaml:6:19: policies.guarded.answer.questions.tone: "), lines
+    with pytest.raises(ConfigError) as info:
+        parse_config("engine: {max_choice_options: 2}\n" + HEAD + """\
+      questions: {tone: {type: choice, criteria: {a: A, b: B, c: C}}}
+      rules: [{name: r, when: 'tone == "a"', block: {status: 403, message: no}}]
+""", "c.yaml")  # fmt: skip
+    assert str(info.value) == (
+        "c.yaml:7:40: policies.guarded.answer.questions.tone.criteria: this choice has 3 options; the engine takes "
+        "at most 2 (engine.max_choice_options: 255 for d3 models, 26 for generative ones)"
+    )
 
 
 def test_the_rules_after_one_reading_a_fact_are_still_checked() -> None:
