@@ -1,0 +1,23 @@
+"""Reading an upstream's answer for an answer guard (router/_apis/answers.py): content given as parts, parts without
+text, and fields of the wrong type read as nothing, never as a crash or a stray word. Pinned where mutmut found
+changes no test of its selection noticed (issue 23)."""
+
+from __future__ import annotations
+
+import json
+
+from router._apis.answers import Answered, Call, read_answer
+
+
+def test_text_parts_are_joined_as_they_are_and_a_part_without_text_adds_nothing() -> None:
+    content = [{"type": "text", "text": "Hel"}, {"type": "image_url"}, "not a part", {"type": "text", "text": "lo"}]
+    body = {"choices": [{"message": {"content": content}}]}
+    assert read_answer("chat", json.dumps(body).encode(), streamed=False) == Answered("Hello", [])
+
+
+def test_fields_of_the_wrong_type_read_as_nothing() -> None:
+    body = {"choices": [{"message": None}, {"message": "hi"}, {"message": {"content": "ok", "tool_calls": [
+        {"function": None}, {"function": {"name": "run", "arguments": {"cmd": "ls"}}}]}}]}  # fmt: skip
+    assert read_answer("chat", json.dumps(body).encode(), streamed=False) == Answered(
+        "ok", [Call("", ""), Call("run", '{"cmd": "ls"}')]
+    )
