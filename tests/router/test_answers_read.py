@@ -1,12 +1,15 @@
 """Reading an upstream's answer for an answer guard (router/_apis/answers.py): content given as parts, parts without
-text, and fields of the wrong type read as nothing, never as a crash or a stray word. Pinned where mutmut found
-changes no test of its selection noticed (issue 23)."""
+text, and fields of the wrong type read as nothing, never as a crash or a stray word; and a Messages request's text
+blocks read as one turn's text. Pinned where mutmut found changes no test of its selection noticed (issue 23)."""
 
 from __future__ import annotations
 
 import json
 
+from router import API_BY_NAME
 from router._apis.answers import Answered, Call, read_answer
+from router._apis.content import Content
+from router._apis.state import Turn
 
 
 def test_text_parts_are_joined_as_they_are_and_a_part_without_text_adds_nothing() -> None:
@@ -21,3 +24,8 @@ def test_fields_of_the_wrong_type_read_as_nothing() -> None:
     assert read_answer("chat", json.dumps(body).encode(), streamed=False) == Answered(
         "ok", [Call("", ""), Call("run", '{"cmd": "ls"}')]
     )
+
+
+def test_a_messages_turns_text_blocks_are_one_text_a_line_each() -> None:
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
+    assert API_BY_NAME["messages"].turns(body, Content(lenient=False)) == [Turn("user", "a\nb")]
