@@ -238,6 +238,21 @@ def test_the_openai_sdk_lists_the_models_each_in_openais_model_shape() -> None:
     ]
 
 
+def test_the_anthropic_sdk_lists_the_models_in_anthropics_list_shape() -> None:
+    listed = API_BY_NAME["messages"].model_list(["auto", "small-model"], 1_700_000_000)
+    assert json.loads(listed) == {
+        "data": [{"type": "model", "id": name, "display_name": name, "created_at": "2023-11-14T22:13:20Z"}
+                 for name in ("auto", "small-model")],
+        "has_more": False, "first_id": "auto", "last_id": "small-model",
+    }  # fmt: skip
+    with client_of(anthropic.Anthropic, listed) as client:
+        page = client.models.list()
+    assert [(model.id, model.display_name, model.created_at.isoformat()) for model in page.data] == [
+        (name, name, "2023-11-14T22:13:20+00:00") for name in ("auto", "small-model")]  # fmt: skip
+    assert json.loads(API_BY_NAME["messages"].model_list([], 0)) == {
+        "data": [], "has_more": False, "first_id": None, "last_id": None}  # fmt: skip
+
+
 # --- completions' text: every choice's, in order; a choice without text adds none ------------------------------------
 CHOICES = [{"index": 0, "text": "Hello"}, {"index": 1}, {"index": 2, "text": " world"}]
 
