@@ -1,6 +1,7 @@
 """Reading an upstream's answer for an answer guard (router/_apis/answers.py): content given as parts, parts without
 text, and fields of the wrong type read as nothing, never as a crash or a stray word; and a Messages request's text
-blocks read as one turn's text. Pinned where mutmut found changes no test of its selection noticed (issue 23)."""
+blocks read as one turn's text, a Responses tool call as an assistant turn. Pinned where mutmut found changes no
+test of its selection noticed (issue 23)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,14 @@ def test_fields_of_the_wrong_type_read_as_nothing() -> None:
 def test_a_messages_turns_text_blocks_are_one_text_a_line_each() -> None:
     body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}
     assert API_BY_NAME["messages"].turns(body, Content(lenient=False)) == [Turn("user", "a\nb")]
+
+
+def test_a_responses_function_call_item_is_an_assistant_turn_with_the_call_and_no_text() -> None:
+    body = {"input": [{"role": "user", "content": "run ls"},
+                      {"type": "function_call", "call_id": "c1", "name": "shell", "arguments": '{"cmd":"ls"}'},
+                      {"type": "function_call_output", "call_id": "c1", "output": "a.txt"}]}  # fmt: skip
+    assert API_BY_NAME["responses"].turns(body, Content(lenient=False)) == [
+        Turn("user", "run ls"),
+        Turn("assistant", "", (), ('[tool call] shell({"cmd":"ls"})',)),
+        Turn("tool", "a.txt"),
+    ]
