@@ -21,8 +21,8 @@ rows' differences noisier (tens of microseconds from one run to the next) than t
 
 from __future__ import annotations
 
+import functools
 import json
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -100,6 +100,7 @@ def own_costs(batches: int = 7, calls: int = 20_000) -> dict[str, float]:
     on (the key's digest looked up), and the two in-process rate limits (GCRA) of a key in a group. The rows'
     differences carry the noise of two processes on shared cores, far over these figures."""
     from benchmarks._proxy import bench_config  # (here: it imports the router app)
+    from benchmarks.policy import batches_us
     from policies import parse_config
     from router._faces.auth import Access
     from router._faces.limits import Limiter
@@ -108,21 +109,14 @@ def own_costs(batches: int = 7, calls: int = 20_000) -> dict[str, float]:
     headers = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"), *raw, (b"content-length", b"99")]
 
     def best(call: Callable[[], object]) -> float:
-        times = []
-        for _ in range(batches):
-            start = time.perf_counter()
-            for _ in range(calls):
-                call()
-            times.append((time.perf_counter() - start) / calls * 1e6)
-        return round(min(times), 3)
+        return round(min(batches_us(call, batches, calls)), 3)
 
-    costs = {}
-    for auth in ("off", "keys", "rate"):
+    def access(auth: str) -> Access:
         config = parse_config(with_auth(bench_config("http://127.0.0.1:9/v1", "off"), auth), "bench.yaml")
-        access = Access(config, ENVIRON, b"salt")
-        if auth != "rate":
-            costs[f"caller, auth {auth}"] = best(lambda access=access: access.caller(headers))  # type: ignore[misc]
-    caller, limiter = access.caller(headers), Limiter()  # the rate row's key: its own limit and its group's
+        return Access(config, ENVIRON, b"salt")
+
+    costs = {f"caller, auth {auth}": best(functools.partial(access(auth).caller, headers)) for auth in ("off", "keys")}
+    caller, limiter = access("rate").caller(headers), Limiter()  # the rate row's key: its own limit and its group's
     if caller.rate is None or caller.group_rate is None:
         raise RuntimeError(f"the rate row's key has no rate and group rate: {caller}")
     costs["rate limit in process"] = best(lambda: _done(limiter.check(caller)))

@@ -60,14 +60,19 @@ def answers(questions: int) -> dict[str, object]:
     return out
 
 
-def median_us(fn: Callable[[], object], repeat: int, number: int) -> float:
+def batches_us(fn: Callable[[], object], repeat: int, number: int) -> list[float]:
+    """Microseconds a call of `fn`, in each of `repeat` batches of `number` calls."""
     samples = []
     for _ in range(repeat):
         start = time.perf_counter()
         for _ in range(number):
             fn()
         samples.append((time.perf_counter() - start) / number * 1e6)
-    return statistics.median(samples)
+    return samples
+
+
+def median_us(fn: Callable[[], object], repeat: int, number: int) -> float:
+    return statistics.median(batches_us(fn, repeat, number))
 
 
 def main() -> None:
