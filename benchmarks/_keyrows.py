@@ -13,8 +13,9 @@ Four rows, each the cache-hit row's proxy (benchmarks/_proxy.py `router --engine
 The limits are 10^9 requests a second: every request is counted and none refused. `vs_auth(rows)` gives a summary
 line per comparison, each with the issue's target: keys on vs off, CPU per request added (<= 10 us); a rate limit
 in process and in Redis vs keys on alone, p50 added at c=1 (<= 0.05 ms and <= 0.3 ms). The Redis row's line
-says what one round trip of the limit's own script costs from redis-py on the same machine, measured beside the
-rows (benchmarks/_redisfloor.py): the floor under what that row can add. The keys' and the in-process limit's lines
+says what one round trip of the limit's own script costs through the store's pipelined connection on the same
+machine (and from redis-py, which the router used before), measured beside the rows (benchmarks/_redisfloor.py): the
+floor under what that row can add. The keys' and the in-process limit's lines
 add what the check costs measured alone (`own_costs`, microseconds): two processes on two shared cores make the
 rows' differences noisier (tens of microseconds from one run to the next) than those targets.
 """
@@ -138,8 +139,8 @@ def vs_auth(
 ) -> dict[str, str]:
     """A line per comparison of `COMPARED` whose two rows were measured: the figure added at each concurrency, and
     against the target (at c=1 for p50; at every concurrency for CPU); the Redis row's with the `floor` measured
-    beside it (benchmarks/_redisfloor.py: one round trip of the rate limit's own script from redis-py), the keys'
-    and the in-process limit's with their `costs` measured alone (`own_costs`), against the same target."""
+    beside it (benchmarks/_redisfloor.py: one round trip of the rate limit's own script, as the router makes it), the
+    keys' and the in-process limit's with their `costs` measured alone (`own_costs`), against the same target."""
     by = {(row["target"], row["concurrency"]): row for row in rows}
     lines = {}
     for name, against, figure, target in COMPARED:
@@ -169,8 +170,9 @@ def vs_auth(
             alone = costs["rate limit in process"]
             below = f"; measured alone: {alone:.1f} us a request ({'met' if alone <= target * 1000 else 'MISSED'})"
         if floor and name == REDIS:
-            below = f"; one round trip of its script from redis-py at c=1: {floor['rate']:.3f} ms p50 (a GET's: "
-            below += f"{floor['get']:.3f} ms)"
+            below = (f"; one round trip of its script at c=1: {floor['rate']:.3f} ms p50, "
+                     f"{floor['rate_cpu']:.3f} ms CPU (from redis-py: {floor['rate_redis_py']:.3f} ms, "
+                     f"{floor['rate_redis_py_cpu']:.3f} ms CPU; a GET's: {floor['get']:.3f} ms)")  # fmt: skip
         lines[f"keys: {name}"] = (
             f"{name}: adds {figure} {', '.join(f'{value:+.3f}' for _, value in added)} over {against} at "
             f"c={'/'.join(str(level) for level, _ in added)}; {goal}" + (f"; {errors} errors" if errors else "")

@@ -14,6 +14,7 @@ down, each replica counts on its own from then on (one log line, the store's), a
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import OrderedDict
@@ -160,6 +161,12 @@ class RedisBudgets(Budgets):
         return [float(value) if value is not None else 0.0 for value in values]
 
     async def add(self, amounts: list[tuple[Limit, float]]) -> None:
+        # The answer was delivered, so its tokens count even if the client leaves now: uvicorn reports a disconnect as
+        # soon as a response has ended, which cancels the request's task (`cancel_on_disconnect`). The write (and its
+        # fallback) runs to its end in a task of its own, bounded by the store's timeout.
+        await asyncio.shield(self._add(amounts))
+
+    async def _add(self, amounts: list[tuple[Limit, float]]) -> None:
         args: list[str] = []
         for limit, amount in amounts:
             args += [repr(amount), str(math.ceil(limit.resets_at) + 60)]  # kept a minute past its window

@@ -327,13 +327,13 @@ class ProxyApp(Endpoints):
                             raise
                     elif not await relay(response, request.send, headers, name, remember, ending, rename, reader):
                         metrics.upstream_errors[(name, "broken")] += 1
-                    if reader is not None and response.is_success:
-                        await self._spend(request, d3, name, upstream, reader)
                 except UpstreamBroke as exc:  # nothing reached the client yet: the next upstream, or a 502
                     metrics.upstream_errors[(name, "broken")] += 1
                     failure = (502, str(exc))
                     continue
                 metrics.request(d3.policy, d3.decision.rule, "route", response.status_code)
+                if reader is not None and response.is_success:  # last: the client may leave now (see Budgets.add)
+                    await self._spend(request, d3, name, upstream, reader)
                 return
         metrics.request(d3.policy, d3.decision.rule, "route", failure[0])
         shown = encode_headers(d3.headers(upstream=tried, full=request.debug))

@@ -22,6 +22,10 @@ the decision's content): a store never holds a prompt or a body.
 - One log line when the breaker opens and one when it closes, never one per request: calls that were under way when
   it opened neither close it by succeeding nor log by failing. `d3router_redis_down` is 1 while it is open.
 
+Lua scripts (rate limits, budgets: a round trip on each such request's path) go through one pipelined connection of
+their own instead (router/_sessions/pipe.py: a third of redis-py's cost a call), which waits for no pool, so a script
+is never busy; the breaker, the timeout and the fallback are the same.
+
 Why 32 connections: the limit on one process's Redis calls is its own event loop, not Redis. redis-py costs ~150 us
 of the loop per call (200 concurrent calls to a local redis-server take 30 ms on a 2-core machine), so a command's
 50 ms timeout also runs while the loop works through every other call in flight: with 128 or 256 in flight, cold
@@ -49,6 +53,7 @@ from redis.exceptions import MaxConnectionsError, RedisError
 from d3backend import SharedCache
 from policies import ServerSettings
 from router._observe.metrics import Counts, Metrics
+from router._sessions.pipe import Pipe
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +148,7 @@ class RedisStore:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=max_connections,
             retry=Retry(NoBackoff(), 0), decode_responses=True, driver_info=None,
         )  # fmt: skip
-        self._scripts: dict[str, Any] = {}  # Lua scripts by their text, registered once (EVALSHA)
+        self._pipe = Pipe(url, timeout_s=timeout_s)  # the scripts' own connection (router/_sessions/pipe.py)
         self._slots = asyncio.Semaphore(max_connections)  # held for a call's command: the pool's wait (see above)
         # The breaker: open (`_down`) from a failure until a probe after `_down_until` answers. `_epoch` counts its
         # changes, so that a call under way across one does not act on a state it did not see.
@@ -207,27 +212,25 @@ class RedisStore:
         await self._call(op, lambda: self._redis.set(key, value, px=_ms(ttl_s)))
 
     async def run(self, op: str, script: str, keys: list[str], args: list[str]) -> tuple[Outcome, Any]:
-        """Run a Lua `script` in one round trip (EVALSHA; the script is loaded once), through `_call`: ("busy" or
-        "down", None) when Redis cannot answer."""
-        registered = self._scripts.get(script)
-        if registered is None:
-            registered = self._scripts[script] = self._redis.register_script(script)
-        return await self._call(op, lambda: registered(keys=keys, args=args))
+        """Run a Lua `script` in one round trip through `_call`: ("busy" or "down", None) when Redis cannot answer.
+        Scripts go through one pipelined connection (router/_sessions/pipe.py says why), which waits for no pool
+        and bounds its own time: never "busy"."""
+        return await self._call(op, lambda: self._pipe.script(script, keys, args), pooled=False)
 
-    async def _call(self, op: str, call: Callable[[], Awaitable[Any]]) -> tuple[Outcome, Any]:
+    async def _call(self, op: str, call: Callable[[], Awaitable[Any]], *, pooled: bool = True) -> tuple[Outcome, Any]:
         """("answered", Redis's answer to `call()`), ("busy", None) when no connection was free within `timeout_s`,
         or ("down", None) when Redis is left alone after a failure or fails now: counted and logged, never raised (a
-        store never fails a request)."""
+        store never fails a request). `pooled=False`: `call` takes no connection of the pool and bounds its own
+        time."""
         epoch, probe = self._epoch, self._admit()
         if probe is None:
             self.fallbacks[op] += 1
             return "down", None
-        if not await self._wait_for_slot():
+        if pooled and not await self._wait_for_slot():
             self._busy(op, probe)
             return "busy", None
         try:
-            async with asyncio.timeout(self.timeout_s):
-                answer = await call()
+            answer = await (self._pooled(call) if pooled else call())
         except MaxConnectionsError:  # a connection the pool lost track of (a call cut mid-release): still not down
             self._busy(op, probe)
             return "busy", None
@@ -235,10 +238,15 @@ class RedisStore:
             self._failed(op, exc, epoch, probe)
             return "down", None
         finally:
-            self._slots.release()
+            if pooled:
+                self._slots.release()
         if probe:
             self._up()
         return "answered", answer
+
+    async def _pooled(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        async with asyncio.timeout(self.timeout_s):
+            return await call()
 
     def _admit(self) -> bool | None:
         """None when Redis is left alone now; else whether this call is the probe of an open breaker."""
@@ -287,6 +295,7 @@ class RedisStore:
         logger.warning("redis %s answers again; sessions and decisions are shared again", _safe(self.url))
 
     async def aclose(self) -> None:
+        await self._pipe.aclose()
         try:
             async with asyncio.timeout(1.0):
                 await self._redis.aclose()
