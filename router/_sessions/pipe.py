@@ -213,6 +213,9 @@ class Pipe:
                 _, protocol = await loop.create_connection(
                     _Protocol, options.get("host", "localhost"), options.get("port", 6379), ssl=self._tls()
                 )
+            if self._closed:  # closed while connecting
+                protocol.drop(ConnectionError("the Redis pipe is closed"))
+                raise ConnectionError("the Redis pipe is closed")
             self._protocol = protocol  # dropped by `_within` if what follows does not answer in time
             hello: list[tuple[str, ...]] = []
             if options.get("password") is not None:

@@ -274,3 +274,28 @@ async def test_a_closed_pipe_refuses_calls(pipe: Pipe) -> None:
     await pipe.aclose()
     with pytest.raises(ConnectionError, match=r"^the Redis pipe is closed$"):
         await pipe.call("PING")
+
+
+async def test_a_pipe_closed_while_it_connects_keeps_no_connection(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop, connecting, closed = asyncio.get_running_loop(), asyncio.Event(), asyncio.Event()
+    connect = loop.create_connection
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:  # the connection is made once the pipe was closed
+        connecting.set()
+        await closed.wait()
+        return await connect(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "create_connection", slow)
+    pipe = Pipe(redis_server.url, timeout_s=5.0)
+    call = asyncio.ensure_future(pipe.call("PING"))
+    async with asyncio.timeout(5):
+        await connecting.wait()
+    await pipe.aclose()
+    closed.set()
+    with pytest.raises(ConnectionError, match=r"^the Redis pipe is closed$"):
+        await call
+    await asyncio.sleep(0.05)  # the dropped connection's end reaches Redis
+    with redis_server.client() as client:
+        assert client.info("clients")["connected_clients"] == 1  # this one alone
