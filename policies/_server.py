@@ -161,9 +161,11 @@ class ServerSettings(Strict):
         32,
         gt=0,
         le=10_000,
-        description="Connections this process opens to Redis at most (each worker has its own pool). More calls at "
+        description="Connections of this process's Redis pool at most (each worker has its own pool; the Lua scripts "
+        "of rate limits and budgets use one pipelined connection more, router/_sessions/pipe.py). More calls at "
         "once wait for a free one, at most redis_timeout_s (then busy: answered in-process, Redis not taken for "
-        "down). Larger is not faster: the event loop, not Redis, limits one process's calls (router/_store.py).",
+        "down). Larger is not faster: the event loop, not Redis, limits one process's calls "
+        "(router/_sessions/store.py).",
     )
 
     drain_s: float = Field(
