@@ -224,8 +224,7 @@ class Pipe:
             if options.get("db", 0):
                 hello.append(("SELECT", str(options["db"])))
             try:
-                for answer in [protocol.send(command) for command in hello]:
-                    await answer
+                await asyncio.gather(*(protocol.send(command) for command in hello))  # the rest's errors retrieved
             except ReplyError as exc:
                 protocol.drop(ConnectionError(f"Redis refused the connection's AUTH or SELECT: {exc}"))
                 raise

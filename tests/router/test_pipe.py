@@ -179,7 +179,7 @@ async def test_auth_and_select_are_sent_first_on_each_connection(redis_server: R
         await pipe.aclose()
     with Redis(port=redis_server.port, password="s3cret", db=3, decode_responses=True) as client:
         assert client.get("in-three") == "yes"
-    wrong = Pipe(f"redis://:nope@127.0.0.1:{redis_server.port}/0", timeout_s=2.0)
+    wrong = Pipe(f"redis://:nope@127.0.0.1:{redis_server.port}/1", timeout_s=2.0)  # AUTH, then SELECT
     try:
         with pytest.raises(ReplyError, match=r"^WRONGPASS"):
             await wrong.call("PING")
