@@ -13,7 +13,9 @@ import pytest
 from redis import Redis
 from redis.exceptions import RedisError
 
+from router._observe.metrics import Metrics
 from router._sessions.pipe import Pipe, ReplyError, _Incomplete, _Protocol, encode, parse
+from router._sessions.store import RedisStore
 from tests.router._redis import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -299,3 +301,16 @@ async def test_a_pipe_closed_while_it_connects_keeps_no_connection(
     await asyncio.sleep(0.05)  # the dropped connection's end reaches Redis
     with redis_server.client() as client:
         assert client.info("clients")["connected_clients"] == 1  # this one alone
+
+
+async def test_a_store_script_takes_no_pool_connection_and_is_never_busy(redis_server: RedisServer) -> None:
+    metrics = Metrics()
+    store = RedisStore(redis_server.url, timeout_s=0.2, metrics=metrics, max_connections=1)
+    try:
+        await store._slots.acquire()  # the pool's one connection taken (a slow call of another request's)
+        assert await store.run("rate", "return ARGV[1]", [], ["ok"]) == ("answered", "ok")
+        assert await store.lookup("k") == ("busy", None)  # a pooled call waits, and is busy
+        busy = [line for line in metrics.render().splitlines() if line.startswith("d3router_redis_busy_total")]
+        assert busy == ['d3router_redis_busy_total{op="answers_get"} 1.0']
+    finally:
+        await store.aclose()
