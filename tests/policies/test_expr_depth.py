@@ -139,3 +139,23 @@ def test_yaml_nested_too_deep_is_a_config_error(tmp_path: Path) -> None:
         load_config(file)
     [issue] = caught.value.issues
     assert str(issue).startswith(f"{file}: the file nests too deeply to read")
+
+
+@pytest.mark.parametrize(
+    "before", ["not jailbreak > 0.9", "(jailbreak > 0.9)", '"a" in ["a"]'], ids=["not", "parentheses", "list"]
+)
+def test_a_closed_level_gives_its_depth_back(before: str) -> None:
+    # `not`, a group and a list each leave the depth as they found it: 64 more levels after one are still allowed,
+    # and 65 still refused (mutants of the parser's `depth -= 1`).
+    compile_condition(f"{before} and " + "not " * 64 + "jailbreak > 0.9", QUESTIONS)
+    with pytest.raises(ExpressionError, match=r"^the condition nests deeper than 64 levels"):
+        compile_condition(f"{before} and " + "not " * 65 + "jailbreak > 0.9", QUESTIONS)
+
+
+@pytest.mark.parametrize(
+    ("last", "at"), [("(jailbreak > 0.9)", 257), ('"a" in ["a"]', 264), ("not jailbreak > 0.9", 257)]
+)
+def test_the_level_past_64_is_named_by_its_character(last: str, at: int) -> None:
+    # 64 `not`s, then a group, a list or a 65th `not`: the refusal names the character that opened the 65th level.
+    with pytest.raises(ExpressionError, match=rf"^the condition nests deeper than 64 levels \(at character {at}\);"):
+        compile_condition("not " * 64 + last, QUESTIONS)
