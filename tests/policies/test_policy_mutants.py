@@ -146,3 +146,34 @@ def test_a_decision_sent_on_another_route_keeps_the_tags_of_the_rules_before_and
     assert isinstance(exact.action, Route) and exact.action.upstreams == ("large",)
     first = sticky.sent_on(decided, ("large", "small"))  # no rule routes so: the first starting with `large`
     assert (first.tags, first.params) == ({"x-kind": "code", "x-tier": "failover"}, {})
+
+
+def test_a_block_or_a_decision_already_on_those_upstreams_is_sent_on_unchanged() -> None:
+    guarded = policy()
+    blocked = guarded.evaluate({"j": NoulAnswer(0.97, 1.0)})
+    assert blocked.rule == "guard"
+    assert guarded.sent_on(blocked, ("big",)) is blocked  # a block has no route to change
+    twice = parse_config(STICKY.replace("route: small, tag: {x-tier: small}", "route: large, tag: {x-tier: l2}"),
+                         "c.yaml").policies["p"]  # fmt: skip
+    decided = twice.evaluate({"hard": NoulAnswer(0.1, 1.0), "code": NoulAnswer(0.1, 1.0)})
+    assert (decided.rule, decided.tags) == ("default", {"x-tier": "l2"})
+    # Its own route: kept as decided, not re-dressed as the first rule routing to `large` (`hard`, x-tier: large).
+    assert twice.sent_on(decided, ("large",)) is decided
+
+
+def test_the_expected_decision_carries_the_default_rules_set_even_when_empty() -> None:
+    assert policy().expected().params == {}
+    assert parse_config(STICKY, "c.yaml").policies["p"].expected().params == {"max_tokens": 7}
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"),
+    [("a\tb", True), ("a\x7fb", True), ("a\u2028b", True), ("X-ray", False), ("é 100% XXL", False)],
+)
+def test_a_tag_value_is_refused_for_any_unprintable_character_and_only_for_one(value: str, refused: bool) -> None:
+    text = CONFIG.replace("tag: {x-tier: small}", f"tag: {{x-tier: {value!r}}}".replace("'", '"'))
+    if not refused:
+        assert parse_config(text, "c.yaml").policies["p"].rules[-1].tags == {"x-tier": value}
+        return
+    with pytest.raises(ConfigError, match=r"the value of header 'x-tier' holds a control character$"):
+        parse_config(text, "c.yaml")
