@@ -139,6 +139,7 @@ def test_yaml_nested_too_deep_is_a_config_error(tmp_path: Path) -> None:
         load_config(file)
     [issue] = caught.value.issues
     assert str(issue).startswith(f"{file}: the file nests too deeply to read")
+    assert (issue.path, issue.key, issue.line) == ((), "", None)  # the whole file, no key in it
 
 
 @pytest.mark.parametrize(
