@@ -53,6 +53,8 @@ def test_a_policy_whose_last_rule_cannot_route_has_no_expected_decision() -> Non
     broken = dataclasses.replace(built, rules=(*built.rules[:-1], dataclasses.replace(built.rules[-1], action=None)))
     with pytest.raises(EvaluationError, match=r"^policy 'p' has no default route$"):
         broken.expected()
+    with pytest.raises(EvaluationError, match=r"^policy 'p' has no default route$"):  # nor walked to one
+        broken.evaluate({"j": NoulAnswer(0.1, 1.0)})
 
 
 def test_a_policy_whose_on_engine_error_cannot_act_is_refused_by_name() -> None:
