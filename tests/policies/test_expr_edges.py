@@ -74,3 +74,10 @@ def test_values(source: str, expected: bool) -> None:
 )  # fmt: skip
 def test_errors(source: str, pos: int, message: str) -> None:
     assert error(source) == (pos, message)
+
+
+def test_a_negative_number_is_its_value_not_a_multiple() -> None:
+    # Facts are given freely in a policy's `tests:` cases: -0.5 must read as -0.5 (a mutant of the sign read -1.0).
+    condition, names = compile_condition("budget.used > -0.5", {})
+    assert names == {"budget.used"}
+    assert [condition({"budget.used": used}) for used in (-0.75, -0.5, -0.25)] == [False, False, True]
