@@ -94,3 +94,62 @@ def test_a_refused_check_names_its_key(text: str, expected: str) -> None:
 )
 def test_a_warning_loads_the_file_and_says_what_goes_undecided(text: str, expected: list[str]) -> None:
     assert [str(warning) for warning in parse_config(text, "c.yaml").warnings] == expected
+
+
+TRANSLATED = (
+    "upstreams:\n  small: {url: http://127.0.0.1:8001/v1}\n  large: {url: http://127.0.0.1:8002/v1, api: chat}\n"
+    "  msg: {url: http://127.0.0.1:8003/v1, api: messages}\npolicies:\n  auto:\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [
+        pytest.param(
+            "    rules:\n      - {name: rest, route: large}\n",
+            "c.yaml:8:22: policies.auto.rules[0].route: upstream 'large' speaks the Chat Completions "
+            "(/v1/chat/completions) API, and no translation carries the Completions (/v1/completions) API to it; "
+            "limit the policy's `apis`, e.g. `apis: [chat, responses, messages]` (docs/translation.md)",
+            id="route",
+        ),
+        pytest.param(
+            "    apis: [completions]\n    rules:\n      - {name: rest, route: [small, large]}\n",
+            "c.yaml:9:22: policies.auto.rules[0].route: upstream 'large' speaks the Chat Completions "
+            "(/v1/chat/completions) API, and no translation carries the Completions (/v1/completions) API to it; "
+            "limit the policy's `apis` (docs/translation.md)",
+            id="route list, its second upstream",
+        ),
+        pytest.param(
+            "    apis: [chat]\n    rules:\n      - {name: rest, route: msg, set: {frequency_penalty: 0.1}}\n",
+            "c.yaml:9:40: policies.auto.rules[0].set.frequency_penalty: `set` 'frequency_penalty' has no equivalent in "
+            "the Anthropic Messages (/v1/messages) API that upstream 'msg' speaks: a translated request would lose it; "
+            "remove it or route elsewhere",
+            id="set lost in translation",
+        ),
+        pytest.param(
+            "    apis: [chat, messages]\n    rules:\n      - {name: rest, route: small, set: {frequency_penalty: 0.1}}\n",
+            "c.yaml:9:42: policies.auto.rules[0].set.frequency_penalty: `set` 'frequency_penalty' has no equivalent in "
+            "the Anthropic Messages (/v1/messages) API; limit the policy's `apis` to those that take it, e.g. "
+            "`apis: [chat]`",
+            id="set one api lacks",
+        ),
+        pytest.param(
+            "    apis: [messages]\n    rules:\n      - {name: rest, route: small, set: {frequency_penalty: 0.1}}\n",
+            "c.yaml:9:42: policies.auto.rules[0].set.frequency_penalty: `set` 'frequency_penalty' has no equivalent in "
+            "the Anthropic Messages (/v1/messages) API; limit the policy's `apis` to those that take it, or remove it",
+            id="set no api takes",
+        ),
+    ],
+)
+def test_a_route_or_set_no_translation_carries_is_refused_saying_how_to_fix_it(policy: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(TRANSLATED + policy, "c.yaml")
+    assert str(caught.value) == expected
+
+
+def test_routes_and_sets_every_api_of_the_policy_can_carry_load() -> None:
+    text = (
+        TRANSLATED
+        + "    apis: [chat, responses]\n    rules:\n      - {name: rest, route: [large, msg], set: {temperature: 0.1}}\n"
+    )
+    assert parse_config(text, "c.yaml").policies["auto"].rules[-1].params == {"temperature": 0.1}
