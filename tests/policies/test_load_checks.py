@@ -153,3 +153,50 @@ def test_routes_and_sets_every_api_of_the_policy_can_carry_load() -> None:
         + "    apis: [chat, responses]\n    rules:\n      - {name: rest, route: [large, msg], set: {temperature: 0.1}}\n"
     )
     assert parse_config(text, "c.yaml").policies["auto"].rules[-1].params == {"temperature": 0.1}
+
+
+SHADOWS = "upstreams:\n  small: {url: http://127.0.0.1:8001/v1}\n  large: {url: http://127.0.0.1:8002/v1}\npolicies:\n"
+REST = "    rules:\n      - {name: rest, route: small}\n"
+
+
+@pytest.mark.parametrize(
+    ("policies", "expected"),
+    [
+        pytest.param("  auto:\n    shadow: auto\n" + REST + "  b:\n" + REST + "  c:\n" + REST, "'b', 'c'", id="itself"),
+        pytest.param("  auto:\n    shadow: nope\n" + REST + "  b:\n" + REST, "'b'", id="unknown"),
+        pytest.param("  auto:\n    shadow: nope\n" + REST, "none", id="no other policy"),
+    ],
+)
+def test_a_shadow_must_be_another_policy(policies: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(SHADOWS + policies, "c.yaml")
+    assert (
+        str(caught.value)
+        == f"c.yaml:6:5: policies.auto.shadow: the shadow must be another policy; expected one of {expected}"
+    )
+
+
+@pytest.mark.parametrize(("tiers", "warned"), [("", True), ("\n  huge: {url: http://127.0.0.1:8003/v1}", True),
+                                               ("\n  huge: {url: http://127.0.0.1:8003/v1, tier: 2}", False)])  # fmt: skip
+def test_escalate_over_upstreams_of_one_tier_is_warned_about(tiers: str, warned: bool) -> None:
+    text = SHADOWS.replace("\npolicies:", tiers + "\npolicies:") + "  auto:\n    session: {mode: escalate}\n" + REST
+    config = parse_config(text, "c.yaml")
+    expected = (
+        "policies.auto.session.mode: escalate moves a session to a stronger upstream, but every upstream has the "
+    )
+    expected += "same tier; set upstreams.NAME.tier (higher is stronger)"
+    assert [str(warning).split(": ", 1)[1] for warning in config.warnings] == ([expected] if warned else [])
+    assert not warned or str(config.warnings[0]).startswith("c.yaml:")
+
+
+def test_a_policy_keeps_its_apis_shadow_and_session() -> None:
+    text = SHADOWS + "  auto:\n    apis: [chat]\n    shadow: b\n    session: {mode: 'off', ttl_s: 60}\n" + REST
+    config = parse_config(text + "  b:\n" + REST, "c.yaml")
+    policy = config.policies["auto"]
+    assert (policy.apis, policy.shadow, policy.session.mode, policy.session.ttl_s) == (
+        frozenset({"chat"}),
+        "b",
+        "off",
+        60,
+    )
+    assert config.server.default_policy is None and config.server.max_body_bytes > 0  # the server's settings kept
