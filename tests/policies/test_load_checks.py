@@ -200,3 +200,43 @@ def test_a_policy_keeps_its_apis_shadow_and_session() -> None:
         60,
     )
     assert config.server.default_policy is None and config.server.max_body_bytes > 0  # the server's settings kept
+
+
+def pool(first: float, second: float, last: float) -> str:
+    members = "".join(
+        f"    - {{name: {name}, remote: {{urls: [http://127.0.0.1:900{n}], timeout_s: {timeout}}}}}\n"
+        for n, (name, timeout) in enumerate((("a", first), ("b", second), ("c", last)), 1)
+    )
+    return (
+        "server: {decision_timeout_s: 1.0}\nengine:\n  pool:\n"
+        + members
+        + SHADOWS.split("policies:")[0]
+        + ("policies:\n  auto:\n" + REST)
+    )
+
+
+@pytest.mark.parametrize(
+    ("timeouts", "expected"),
+    [
+        pytest.param(
+            (0.5, 0.6, 0.5),
+            "c.yaml:5:57: engine.pool[1].remote.timeout_s: the pool's engines up to 'b' may take 1.1 s",
+            id="the first two together",
+        ),
+        pytest.param(
+            (1.0, 0.5, 0.5),
+            "c.yaml:4:57: engine.pool[0].remote.timeout_s: the pool's engines up to 'a' may take 1 s",
+            id="the first alone, exactly the budget",
+        ),
+        pytest.param((0.25, 0.25, 5.0), None, id="the last engine's time is its own"),
+    ],
+)
+def test_a_pool_leaves_each_next_engine_time_to_answer(
+    timeouts: tuple[float, float, float], expected: str | None
+) -> None:
+    if expected is None:
+        assert [member.label for member in parse_config(pool(*timeouts), "c.yaml").engine.pool or ()] == ["a", "b", "c"]
+        return
+    with pytest.raises(ConfigError) as caught:
+        parse_config(pool(*timeouts), "c.yaml")
+    assert str(caught.value).startswith(expected + " (a remote engine's try and its retry), which uses up")
