@@ -240,3 +240,47 @@ def test_a_pool_leaves_each_next_engine_time_to_answer(
     with pytest.raises(ConfigError) as caught:
         parse_config(pool(*timeouts), "c.yaml")
     assert str(caught.value).startswith(expected + " (a remote engine's try and its retry), which uses up")
+
+
+@pytest.mark.parametrize(
+    ("policies", "known"),
+    [
+        pytest.param(POLICY + "  b:\n" + REST, "'auto', 'b'", id="two"),
+        pytest.param("policies: {}\n", "none", id="none"),
+    ],
+)
+def test_a_keys_unknown_policy_is_refused_naming_the_policies_there_are(policies: str, known: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(keys("{name: a, key_env: KA, policies: [other]}") + UPSTREAMS + policies, "c.yaml")
+    assert (
+        str(caught.value)
+        == f"c.yaml:4:32: server.auth.keys[0].policies: unknown policy 'other'; expected one of {known}"
+    )
+
+
+def test_a_block_keeps_its_as_answer() -> None:
+    text = UPSTREAMS + POLICY.replace("route: large}", "block: {status: 403, message: no, as_answer: true}}")
+    action = parse_config(text, "c.yaml").policies["auto"].rules[0].action
+    assert action is not None and action.kind == "block" and action.as_answer is True
+
+
+def test_a_choice_too_big_for_a_pool_engine_is_one_issue_and_the_question_still_known() -> None:
+    members = "".join(
+        f"    - {{name: {name}, remote: {{urls: [http://127.0.0.1:900{n}], timeout_s: 0.1}}, max_choice_options: 2}}\n"
+        for n, name in enumerate("ab", 1)
+    )
+    text = (
+        "engine:\n  pool:\n"
+        + members
+        + UPSTREAMS
+        + (
+            "policies:\n  auto:\n    questions: {k: {type: choice, criteria: {a: x, b: y, c: z}}}\n    rules:\n"
+            '      - {name: code, when: k == "a", route: small}\n      - {name: rest, route: small}\n'
+        )
+    )
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "c.yaml")
+    assert str(caught.value) == (
+        "c.yaml:10:35: policies.auto.questions.k.criteria: this choice has 3 options; the pool's engine 'a' takes at "
+        "most 2 (engine.pool[0].max_choice_options)"
+    )
