@@ -6,9 +6,9 @@ replies read in order, no pool.
     await pipe.aclose()
 
 Why not redis-py's client here: each request with a rate limit or a budget runs a script before it goes upstream, so
-its round trip is on every such request's path. Measured on 2 cores (`python -m benchmarks._redisfloor`, the rate
-limit's script with two limits, one call at a time): redis-py's asyncio client 0.23 ms p50 and 0.18 ms of the event
-loop's CPU a call; this connection 0.10 ms and 0.05 ms. The rest of the store (sessions, the shared decision cache)
+its round trip is on every such request's path. Measured on 2 cores beside the router benchmark's key rows
+(benchmarks/_redisfloor.py, the rate limit's script with two limits, one call at a time, 2026-12-06): redis-py's
+asyncio client 0.299 ms p50 and 0.218 ms of the event loop's CPU a call; this connection 0.215 ms and 0.113 ms. The rest of the store (sessions, the shared decision cache)
 keeps redis-py's pooled client. tests/router/test_pipe.py checks it against a real redis-server, and the router
 benchmark's Redis rows (benchmarks/_keyrows.py) measure it on the request path.
 

@@ -23,7 +23,7 @@ the decision's content): a store never holds a prompt or a body.
   it opened neither close it by succeeding nor log by failing. `d3router_redis_down` is 1 while it is open.
 
 Lua scripts (rate limits, budgets: a round trip on each such request's path) go through one pipelined connection of
-their own instead (router/_sessions/pipe.py: a third of redis-py's cost a call), which waits for no pool, so a script
+their own instead (router/_sessions/pipe.py: half of redis-py's CPU a call), which waits for no pool, so a script
 is never busy; the breaker, the timeout and the fallback are the same.
 
 Why 32 connections: the limit on one process's Redis calls is its own event loop, not Redis. redis-py costs ~150 us
