@@ -8,9 +8,10 @@ replies read in order, no pool.
 Why not redis-py's client here: each request with a rate limit or a budget runs a script before it goes upstream, so
 its round trip is on every such request's path. Measured on 2 cores beside the router benchmark's key rows
 (benchmarks/_redisfloor.py, the rate limit's script with two limits, one call at a time, 2026-12-06): redis-py's
-asyncio client 0.299 ms p50 and 0.218 ms of the event loop's CPU a call; this connection 0.215 ms and 0.113 ms. The rest of the store (sessions, the shared decision cache)
-keeps redis-py's pooled client. tests/router/test_pipe.py checks it against a real redis-server, and the router
-benchmark's Redis rows (benchmarks/_keyrows.py) measure it on the request path.
+asyncio client 0.299 ms p50 and 0.218 ms of the event loop's CPU a call; this connection 0.215 ms and 0.113 ms.
+The rest of the store (sessions, the shared decision cache) keeps redis-py's pooled client.
+tests/router/test_pipe.py checks it against a real redis-server, and the router benchmark's Redis rows
+(benchmarks/_keyrows.py) measure it on the request path.
 
 How it works: `asyncio.Protocol` over one socket. A call writes its command to the socket before it returns its
 future (nothing waits for a free connection: a slow Redis shows as the store's timeout, not as a queue here), and
