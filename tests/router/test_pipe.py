@@ -174,9 +174,13 @@ async def test_auth_and_select_are_sent_first_on_each_connection(redis_server: R
     pipe = Pipe(url, timeout_s=2.0)
     try:
         assert await pipe.call("SET", "in-three", "yes") == "OK"
-        await pipe.call("CLIENT", "KILL", "TYPE", "normal")  # drops this very connection: the next call reconnects
-        await asyncio.sleep(0.05)
+        first = pipe._protocol
+        await pipe.call("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "no")  # this very connection: the next reconnects
+        assert first is not None
+        async with asyncio.timeout(5):
+            await first.closed  # Redis closed it after its reply
         assert await pipe.call("GET", "in-three") == "yes"
+        assert pipe._protocol is not first
     finally:
         await pipe.aclose()
     with Redis(port=redis_server.port, password="s3cret", db=3, decode_responses=True) as client:
@@ -298,9 +302,10 @@ async def test_a_pipe_closed_while_it_connects_keeps_no_connection(
     closed.set()
     with pytest.raises(ConnectionError, match=r"^the Redis pipe is closed$"):
         await call
-    await asyncio.sleep(0.05)  # the dropped connection's end reaches Redis
     with redis_server.client() as client:
-        assert client.info("clients")["connected_clients"] == 1  # this one alone
+        async with asyncio.timeout(5):  # until the dropped connection's end reached Redis
+            while client.info("clients")["connected_clients"] != 1:  # this one alone
+                await asyncio.sleep(0.01)
 
 
 async def test_a_store_script_takes_no_pool_connection_and_is_never_busy(redis_server: RedisServer) -> None:
