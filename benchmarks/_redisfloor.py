@@ -1,6 +1,6 @@
-"""The floor under the router benchmark's Redis rows: one round trip to the benchmark's redis-server from redis-py.
+"""The floor under the router benchmark's Redis rows: one round trip to the benchmark's redis-server.
 
-    python -m benchmarks._redisfloor redis://127.0.0.1:PORT/0 [--calls 3000]    # prints {"get": ms, "rate": ms}
+    python -m benchmarks._redisfloor redis://127.0.0.1:PORT/0 [--calls 3000]    # JSON: get, rate, rate_redis_py (ms)
 
 A row with Redis (sessions, rate limits) adds at least one round trip to each request; what one costs on this
 machine, measured the way the router makes it (on uvloop, one call at a time, from a process on the proxies' core),

@@ -155,7 +155,7 @@ def test_routes_and_sets_every_api_of_the_policy_can_carry_load() -> None:
     assert parse_config(text, "c.yaml").policies["auto"].rules[-1].params == {"temperature": 0.1}
 
 
-SHADOWS = "upstreams:\n  small: {url: http://127.0.0.1:8001/v1}\n  large: {url: http://127.0.0.1:8002/v1}\npolicies:\n"
+SHADOWS = UPSTREAMS + "policies:\n"
 REST = "    rules:\n      - {name: rest, route: small}\n"
 
 
@@ -207,12 +207,7 @@ def pool(first: float, second: float, last: float) -> str:
         f"    - {{name: {name}, remote: {{urls: [http://127.0.0.1:900{n}], timeout_s: {timeout}}}}}\n"
         for n, (name, timeout) in enumerate((("a", first), ("b", second), ("c", last)), 1)
     )
-    return (
-        "server: {decision_timeout_s: 1.0}\nengine:\n  pool:\n"
-        + members
-        + SHADOWS.split("policies:")[0]
-        + ("policies:\n  auto:\n" + REST)
-    )
+    return "server: {decision_timeout_s: 1.0}\nengine:\n  pool:\n" + members + SHADOWS + "  auto:\n" + REST
 
 
 @pytest.mark.parametrize(
