@@ -2,6 +2,8 @@
 
     limiter = build_limiter(store, clock)
     wait_s = await limiter.hit(caller)      # 0: allowed (and counted); else the seconds until one is
+    await limiter.check(caller)             # or RateLimited (429, Retry-After)
+    pending = await limiter.begin(caller, size)   # the same, its Redis round trip read later (`Pending`)
 
 GCRA (the generic cell rate algorithm) keeps one number per limit, the time the next request is due: a request is
 allowed when that time is at most `interval * (burst - 1)` ahead of now, and pushes it one interval on. A request
@@ -24,6 +26,7 @@ to one Redis Cluster node that holds every slot (tests/router/test_limits.py sta
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections import OrderedDict
@@ -36,6 +39,7 @@ from router._sessions.store import MemoryStore, RedisStore, Store
 
 Clock = Callable[[], float]
 MAX_LIMITS = 100_000  # limits kept in process (least recently used dropped first)
+EARLY_BYTES = 64 * 1024  # a body up to this size is read while Redis answers its rate check (`RedisLimiter.begin`)
 
 # KEYS: the limits; ARGV: now, then per limit its interval and its tolerance (seconds). Returns the wait as text
 # (Lua numbers become integers on the way out): "0" allowed, and every limit pushed on.
@@ -68,6 +72,28 @@ def _limits(caller: Caller) -> list[tuple[str, RateSpec]]:
     if caller.group_rate is not None and group is not None:
         limits.append((group, caller.group_rate))
     return limits
+
+
+class Pending:
+    """A rate check under way while the request's body is read; `verdict` reads it once (RateLimited, or None)."""
+
+    __slots__ = ("_task",)
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self._task: asyncio.Task[None] | None = task
+
+    async def verdict(self) -> None:
+        """RateLimited when the caller is over its rate; each later call returns at once."""
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+
+    def drop(self) -> None:
+        """The request ended before its verdict was read: the check is cancelled (its count, if Redis had it, stays);
+        a verdict already in is never raised (cancelling a done task marks its outcome read: asyncio logs nothing)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
 
 
 class Limiter:
@@ -109,6 +135,12 @@ class Limiter:
             raise RateLimited(f"the key {caller.name!r} is over {which} request rate; retry after {wait:.1f} s",
                               max(1, math.ceil(wait)))  # fmt: skip
 
+    async def begin(self, caller: Caller, size: int) -> Pending | None:
+        """Check `caller`'s rate as `check` does, here at once: None, or RateLimited. `RedisLimiter` may leave it
+        under way instead."""
+        await self.check(caller)
+        return None
+
 
 class RedisLimiter(Limiter):
     """The limits kept in Redis, shared by the replicas; this process's own while Redis cannot answer."""
@@ -128,6 +160,18 @@ class RedisLimiter(Limiter):
         if outcome != "answered":
             return self.local(limits)
         return float(wait)
+
+    async def begin(self, caller: Caller, size: int) -> Pending | None:
+        """The check's script sent; its answer read later (`Pending.verdict`), so that the round trip runs while the
+        request's body is read and parsed (`size`, its content-length: a body over EARLY_BYTES, or of unknown size,
+        waits for the answer first, so that a caller over its rate cannot make the router read and parse big bodies).
+        The proxy reads the verdict before the request reaches a decision, an engine or an upstream."""
+        if not _limits(caller) or not 0 < size <= EARLY_BYTES:
+            await self.check(caller)
+            return None
+        pending = Pending(asyncio.create_task(self.check(caller)))
+        await asyncio.sleep(0)  # the task writes its command now, before the body is read
+        return pending
 
 
 def build_limiter(store: Store | MemoryStore, clock: Clock = time.time) -> Limiter:

@@ -32,12 +32,12 @@ from d3backend import DecisionEngine
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import Api
-from router._apis.registry import APIS, error_api
+from router._apis.registry import API_BY_PATH, APIS, error_api
 from router._apis.usage import UsageReader, metered
 from router._asgi.admission import FULL, Admission
 from router._asgi.answer import renaming
 from router._asgi.decoding import readable_accept_encoding
-from router._asgi.headers import Headers, encode_headers
+from router._asgi.headers import Headers, content_length, encode_headers
 from router._asgi.messages import ClientDisconnected, cancel_on_disconnect, drain
 from router._asgi.relay import UpstreamBroke, relay
 from router._decision.engines import Environ
@@ -61,7 +61,7 @@ from router._faces.endpoints import Endpoints, send_failure
 from router._faces.forward import Failure, Forwarder
 from router._faces.guarded import relay_judged
 from router._faces.lifecycle import Generation
-from router._faces.limits import build_limiter
+from router._faces.limits import Pending, build_limiter
 from router._faces.overlap import Overlap
 from router._faces.parts import build_parts
 from router._faces.request import Decided
@@ -136,6 +136,8 @@ class ProxyApp(Endpoints):
             return
         path = scope["path"]
         handler = self._routes.get((scope["method"], path))
+        api = API_BY_PATH.get(path) if scope["method"] == "POST" else None
+        pending = None
         info, token, send = logs.begin(scope, send)  # x-request-id on every response and log line
         generation = self.enter()
         ticket = None
@@ -146,7 +148,10 @@ class ProxyApp(Endpoints):
             elif path not in PUBLIC and path not in OWN_TOKEN:
                 try:  # before anything is read (issue 25.1): the key, then its rate
                     caller = self.access.caller(scope["headers"])
-                    await self.limiter.check(caller)
+                    if api is not None:  # a small body is read while Redis answers (its verdict read in `_decide`)
+                        pending = await self.limiter.begin(caller, content_length(scope["headers"]))
+                    else:
+                        await self.limiter.check(caller)
                 except RequestError as exc:
                     if isinstance(exc, Unauthorized):
                         self.service.metrics.request("-", "-", "unauthorized", exc.status)
@@ -162,7 +167,9 @@ class ProxyApp(Endpoints):
                     await send_failure(send, Overloaded(FULL), error_api(path, scope["headers"]))
                     return
             with ticket or contextlib.nullcontext():
-                if handler is not None:
+                if api is not None:
+                    await self.decided(api, scope, receive, send, caller, pending)
+                elif handler is not None:
                     await handler(scope, receive, send, caller)
                 elif path.startswith("/v1/"):
                     await self.undecided.passthrough(scope, receive, send, caller)
@@ -173,13 +180,17 @@ class ProxyApp(Endpoints):
         except RequestError as exc:  # raised before any answer started (explain's body over the memory bound)
             await send_failure(send, exc)
         finally:
+            if pending is not None:
+                pending.drop()  # read already, or the request ended first
             generation.leave()
             logs.end(info, token)
 
     # --- the decided endpoints ------------------------------------------------------------------------------------
-    async def decided(self, api: Api, scope: Scope, receive: Receive, send: Send, caller: Caller) -> None:
-        """A generation request of any API, in its request span (a no-op object when tracing is off)."""
-        request = Decided(scope, receive, send, api, self.service.snapshot, caller)
+    async def decided(self, api: Api, scope: Scope, receive: Receive, send: Send, caller: Caller,
+                      pending: Pending | None = None) -> None:  # fmt: skip
+        """A generation request of any API, in its request span (a no-op object when tracing is off); `pending`, its
+        rate check still under way (router/_faces/limits.py `RedisLimiter.begin`)."""
+        request = Decided(scope, receive, send, api, self.service.snapshot, caller, rate=pending)
         with tracing.request_span(api.name, scope, logs.current()) as request.span:
             try:
                 await self._decide(request)
@@ -194,9 +205,14 @@ class ProxyApp(Endpoints):
             request.raw, request.body = await read_request(request.scope, request.receive,
                                                            config.server.max_body_bytes)  # fmt: skip
         except BadRequest as exc:
+            await request.admitted()  # over its rate: the 429, whatever its body would get
             metrics.request("-", "-", "invalid", exc.status)
             raise
-        request.policy = policy = request.pick()
+        try:
+            policy = request.pick()
+        finally:
+            await request.admitted()  # the rate's verdict, before anything is decided, asked or sent
+        request.policy = policy
         if policy is None:
             await cancel_on_disconnect(request.receive, lambda: self.undecided.model(request))
             return

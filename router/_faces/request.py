@@ -30,6 +30,7 @@ from router._decision.service import Snapshot
 from router._errors import Blocked, ModelNotFound, RequestError, answer
 from router._faces.auth import Caller
 from router._faces.forward import Failure
+from router._faces.limits import Pending
 from router._observe.tracing import NO_SPAN, NoSpan, Span
 from router._observe.usage import Spent
 from router._sessions.session import SessionTurn
@@ -62,6 +63,7 @@ class Decided:
     budget_used: float = 0.0  # the share used of the caller's most used budget: the `budget.used` fact
     spent: Spent | None = None  # the answer's tokens and cost, once it was relayed (router/_observe/usage.py)
     speculation: Speculation | None = None  # its upstream request started before the decision (policy `overlap:`)
+    rate: Pending | None = None  # its rate check, under way while the body is read (router/_faces/limits.py)
 
     @property
     def config(self) -> Config:
@@ -84,6 +86,12 @@ class Decided:
             return None
         known = ", ".join(available(self.config, self.caller)) or "none"
         raise ModelNotFound(f"the model {model!r} does not exist or this key may not use it; available: {known}")
+
+    async def admitted(self) -> None:
+        """RateLimited (429) when the caller is over its rate: the verdict of the check begun when the request
+        arrived, read before the request is decided (once; later calls return at once)."""
+        if self.rate is not None:
+            await self.rate.verdict()
 
     def header(self, name: bytes) -> str | None:
         """The request's header `name` (lower case), decoded, or None."""

@@ -162,8 +162,9 @@ async def test_redis_down_limits_per_replica_with_one_log_line(
 async def test_a_limited_callers_429_wins_over_what_its_body_would_get(
     redis_server: RedisServer, clock: Clock, body: bytes
 ) -> None:
-    """The rate is checked before the body is read, in process and in Redis: a caller over its rate gets the 429,
-    not its bad body's 400 or its unknown model's 404 (nor costs the router the body's read)."""
+    """A caller over its rate gets the 429, not its bad body's 400 or its unknown model's 404: in process the rate is
+    checked before the body is read; in Redis its answer is read before the body's fault is answered
+    (tests/router/test_limits_overlap.py slows the answer down)."""
     auth = {"authorization": f"Bearer {A}", "content-type": "application/json"}
     for redis in ("", f"  redis: {redis_server.url}\n  sessions: {{salt_env: SALT}}\n"):
         async for [(_, http)] in apps(CONFIG.format(redis=redis), clock):
