@@ -78,10 +78,12 @@ def test_the_summary_sets_each_row_against_its_base() -> None:
         "0.180 ms CPU; a GET's: 0.200 ms)"
     )
     assert floored[f"keys: {_keyrows.RATE}"] == lines[f"keys: {_keyrows.RATE}"]  # the floor is the Redis row's only
-    costs = {"caller, auth off": 3.4, "caller, auth keys": 2.1, "rate limit in process": 61.0}
+    costs = {"caller, auth off": 3.4, "caller, auth keys": 2.1, "rate limit in process": 61.0,
+             "request, auth off": 300.0, "request, auth keys": 311.5}  # fmt: skip
     alone = _keyrows.vs_auth(rows, None, costs)
     assert alone[f"keys: {_keyrows.KEYS}"].endswith(
-        "(MISSED); measured alone: the caller found in 2.1 us with keys on, 3.4 us off: -1.3 us (met)"
+        "(MISSED); measured alone: the caller found in 2.1 us with keys on, 3.4 us off: -1.3 us (met); a whole "
+        "request in process, 311.5 us of CPU with keys on, 300.0 us off: +11.5 us (MISSED)"
     )
     assert alone[f"keys: {_keyrows.RATE}"].endswith("(met); measured alone: 61.0 us a request (MISSED)")
     assert alone[f"keys: {_keyrows.REDIS}"] == lines[f"keys: {_keyrows.REDIS}"]
@@ -108,9 +110,11 @@ def test_the_key_rows_run_with_no_errors(tmp_path: Path) -> None:
     assert extra["engine_calls"][_keyrows.REDIS]["redis_fallbacks"] == 0  # every limit was kept in Redis
     assert set(extra["keys"]) == {f"keys: {name}" for name in (_keyrows.KEYS, _keyrows.RATE, _keyrows.REDIS)}
     costs = extra["key costs"]  # the checks measured alone, in microseconds
-    assert set(costs) == {"caller, auth off", "caller, auth keys", "rate limit in process"}, costs
+    assert set(costs) == {"caller, auth off", "caller, auth keys", "rate limit in process", "request, auth off",
+                          "request, auth keys"}, costs  # fmt: skip
     assert all(0 < value < 1000 for value in costs.values()), costs
     assert "; measured alone: " in extra["keys"][f"keys: {_keyrows.RATE}"]
+    assert f"{costs['request, auth keys']:.1f} us of CPU with keys on" in extra["keys"][f"keys: {_keyrows.KEYS}"]
     floor = extra["redis floor"]  # measured against the same redis-server, beside the rows
     names = {"get", "rate", "rate_redis_py"}
     assert set(floor) == names | {f"{name}_cpu" for name in names} and all(0 < value < 50 for value in floor.values())
