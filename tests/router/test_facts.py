@@ -14,7 +14,7 @@ import respx
 from d3backend import Noul, RemoteEngine, answer_from, answer_wire
 from policies import StateSettings, parse_config
 from router import API_BY_NAME, ProxyApp, create_app
-from router._apis.facts import estimate_tokens, request_facts
+from router._apis.facts import caller_facts, estimate_tokens, request_facts
 from router._apis.state import DEFAULT_MEDIA
 
 pytestmark = pytest.mark.anyio
@@ -250,3 +250,8 @@ async def test_the_decision_log_carries_the_facts_and_no_answers() -> None:
     assert (line["rule"], line["answers"], line["skipped"]) == ("long-context", {}, ["jailbreak"])
     assert line["facts"] == dict(d3.facts) and line["facts"]["caller.name"] == ""  # no caller facts given: empty
     assert engine.calls == [] and d3.engine_calls == 0
+
+
+def test_an_anonymous_callers_facts_are_empty_and_its_budget_unused() -> None:
+    assert caller_facts(None, None) == {"caller.name": "", "caller.group": "", "budget.used": 0.0}
+    assert caller_facts("web", "batch") == {"caller.name": "web", "caller.group": "batch", "budget.used": 0.0}

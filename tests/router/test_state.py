@@ -197,3 +197,22 @@ def test_ten_thousand_messages_are_budgeted() -> None:
     result = state(messages, "conversation", max_chars=200)
     assert len(result.state) <= 200
     assert result.state.endswith("user: message 9999")
+
+
+AGENT_TURN = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "fix the bug"},
+    {"role": "assistant", "content": "Looking", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "def f(): pass"},
+    {"role": "user", "content": "and hurry"},
+]  # fmt: skip
+
+
+def test_new_is_a_transcript_of_the_last_calls_and_what_came_after() -> None:
+    """`from: new` through the state builder: the assistant's last tool calls (not its words), then every later
+    turn but system prompts, as `role: text` lines like `conversation`'s; not the last user turn alone."""
+    assert state(AGENT_TURN, "new").state == (
+        'assistant: [tool call] read({"path": "a.py"})\n\ntool: def f(): pass\n\nuser: and hurry'
+    )
+    assert state(AGENT_TURN, "new", max_chars=30).state == "tool: def f(): pass\n\nuser: and hurry"[-30:]

@@ -142,6 +142,31 @@ def test_ask_usage_writes_the_option_only_when_needed() -> None:
         "continuous_usage_stats": False, "include_usage": True}  # fmt: skip
 
 
+def test_ask_usage_written_anew_keeps_the_text_as_sent_compact_and_in_utf8() -> None:
+    """A request with its own `stream_options` is written anew: compact, its text in UTF-8 as the client wrote it
+    (not escaped to ASCII), from the bytes sent, not the client's body."""
+    own = {"model": "m", "stream": True, "stream_options": {"continuous_usage_stats": False}, "prompt": "café ☕"}
+    raw = json.dumps({**own, "model": "upstream-model"}, ensure_ascii=False).encode()
+    expected = (
+        '{"model":"upstream-model","stream":true,"stream_options":{"continuous_usage_stats":false,'
+        '"include_usage":true},"prompt":"café ☕"}'
+    )
+    assert ask_usage("completions", raw, own) == expected.encode()
+
+
+@pytest.mark.parametrize("options", [None, "yes", ["include_usage"]])
+def test_ask_usage_replaces_stream_options_that_are_not_an_object(options: object) -> None:
+    body = {"model": "m", "stream": True, "stream_options": options}
+    assert json.loads(ask_usage("chat", json.dumps(body).encode(), body) or b"")["stream_options"] == {
+        "include_usage": True}  # fmt: skip
+
+
+def test_ask_usage_of_bytes_that_are_not_an_object_starts_from_the_clients_body() -> None:
+    body = {"model": "m", "stream": True, "stream_options": {}}
+    for raw in (b"not json", b"[1, 2]"):
+        assert json.loads(ask_usage("chat", raw, body) or b"") == {**body, "stream_options": {"include_usage": True}}
+
+
 RESPONSE_USAGE = {"input_tokens": 20, "input_tokens_details": {"cached_tokens": 8}, "output_tokens": 5}
 
 
