@@ -32,7 +32,7 @@ from d3backend import DecisionEngine
 from policies import Block, Config, UpstreamSettings
 from router._apis.body import read_request
 from router._apis.chat import Api
-from router._apis.registry import API_BY_PATH, APIS, error_api
+from router._apis.registry import API_BY_PATH, error_api
 from router._apis.usage import UsageReader, metered
 from router._asgi.admission import FULL, Admission
 from router._asgi.answer import renaming
@@ -114,8 +114,8 @@ class ProxyApp(Endpoints):
         self.ready_error: str | None = None if self.ready else "the engine has not started"
         self._probed_at: float | None = None
         self._probing = False
+        # Every route but the decided endpoints (POST to an `API_BY_PATH` path: `decided`, with its rate check).
         self._routes: dict[tuple[str, str], Handler] = {
-            **{("POST", api.path): functools.partial(self.decided, api) for api in APIS},
             **count_routes(self),  # /v1/messages/count_tokens, /v1/responses/input_tokens (router/_faces/counting.py)
             ("GET", "/v1/models"): self.models,
             ("POST", "/v1/d3/explain"): self.explain,
