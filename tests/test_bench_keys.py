@@ -112,10 +112,13 @@ def test_the_key_rows_run_with_no_errors(tmp_path: Path) -> None:
     costs = extra["key costs"]  # the checks measured alone, in microseconds
     assert set(costs) == {"caller, auth off", "caller, auth keys", "rate limit in process", "request, auth off",
                           "request, auth keys"}, costs  # fmt: skip
-    assert all(0 < value < 1000 for value in costs.values()), costs
+    # microseconds, not seconds or nanoseconds: bounds a loaded machine stays far inside (1.2 ms a request seen)
+    assert all(0.1 < value < 100_000 for value in costs.values()), costs
+    assert costs["caller, auth keys"] < costs["request, auth keys"], costs  # the caller is a part of the request
+    assert costs["caller, auth off"] < costs["request, auth off"], costs
     assert "; measured alone: " in extra["keys"][f"keys: {_keyrows.RATE}"]
     assert f"{costs['request, auth keys']:.1f} us of CPU with keys on" in extra["keys"][f"keys: {_keyrows.KEYS}"]
     floor = extra["redis floor"]  # measured against the same redis-server, beside the rows
     names = {"get", "rate", "rate_redis_py"}
-    assert set(floor) == names | {f"{name}_cpu" for name in names} and all(0 < value < 50 for value in floor.values())
+    assert set(floor) == names | {f"{name}_cpu" for name in names} and all(0 < value < 500 for value in floor.values())
     assert f"its script at c=1: {floor['rate']:.3f} ms p50" in extra["keys"][f"keys: {_keyrows.REDIS}"]

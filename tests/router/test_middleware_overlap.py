@@ -140,9 +140,9 @@ def test_the_apps_handler_is_cancelled_at_once_on_a_block() -> None:
         started = time.monotonic()
         raw = post(proxy.port, "forbidden slow")
         took = time.monotonic() - started
-    assert status_of(raw) == 403 and took < 2.0
+    assert status_of(raw) == 403 and took < 4.0  # the handler takes 5 s; the decision 0.6 s, with a margin
     (call,) = handler.calls
-    assert call.cancelled_at is not None and call.cancelled_at - engine.done_at[0] < 1.5
+    assert call.cancelled_at is not None and call.cancelled_at - engine.done_at[0] < 3.0
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "streamed"])
@@ -188,7 +188,7 @@ def test_a_client_that_leaves_cancels_the_decision_and_the_apps_handler() -> Non
         assert wait_for(lambda: handler.calls[0].cancelled_at is not None), "the handler outlived the client"
         assert wait_for(lambda: engine.cancelled == 1), "the decision went on after the client left"
     cancelled_at = handler.calls[0].cancelled_at
-    assert cancelled_at is not None and cancelled_at - left < 2.0 and not engine.done_at
+    assert cancelled_at is not None and cancelled_at - left < 3.5 and not engine.done_at
     metrics = middleware.service.metrics.render()
     assert 'd3router_speculations_total{outcome="abandoned",policy="auto"} 1.0' in metrics
 

@@ -146,7 +146,7 @@ def test_a_block_closes_the_upstream_connection_at_once(upstream: RecordingUpstr
     seen = upstream.seen[0]
     assert seen.closed_at is not None and not seen.answered
     # Closed with the block (the upstream would have answered after 5 s), not when the client's answer ended.
-    assert seen.closed_at - started < 2.0
+    assert seen.closed_at - started < 3.5
     assert seen.closed_at <= answered + 0.5
 
 
@@ -198,7 +198,7 @@ def test_a_client_that_leaves_cancels_the_decision_and_the_upstream_request(upst
         assert wait_for(lambda: engine.cancelled == 1), "the decision went on after the client left"
         metrics = httpx.get(f"{proxy.url}/metrics").text
     closed_at = upstream.seen[0].closed_at
-    assert closed_at is not None and closed_at - left < 2.0 and not engine.done_at
+    assert closed_at is not None and closed_at - left < 3.5 and not engine.done_at
     assert 'd3router_speculations_total{outcome="abandoned",policy="auto"} 1.0' in metrics
 
 

@@ -243,7 +243,7 @@ async def test_a_silent_redis_is_a_timeout_and_the_connection_is_dropped() -> No
         start = loop.time()
         with pytest.raises(TimeoutError):
             await pipe.call("PING")
-        assert loop.time() - start < 1.0
+        assert loop.time() - start < 3.0
         await peer.ended_all()  # the pipe dropped it
         with pytest.raises(TimeoutError):
             await pipe.call("PING")
