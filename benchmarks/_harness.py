@@ -50,17 +50,11 @@ def process(
     with log.open("w", encoding="utf-8") if log else contextlib.nullcontext() as out:
         proc = subprocess.Popen(argv, stdout=out or subprocess.PIPE, stderr=subprocess.STDOUT if out else
                                 subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})}, cwd=cwd)  # fmt: skip
+    started = False
     try:
         if ready_url:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    httpx.post(ready_url, content=b"{}", timeout=1)
-                    break
-                except httpx.HTTPError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError(f"{argv} did not start") from None
-                    time.sleep(0.1)
+            _wait_ready(proc, argv, ready_url, timeout_s)
+        started = True
         yield proc
     finally:
         proc.send_signal(signal.SIGINT)
@@ -69,6 +63,23 @@ def process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if not started and proc.stdout:  # nobody will read it
+            proc.stdout.close()
+
+
+def _wait_ready(proc: subprocess.Popen[str], argv: list[str], ready_url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            httpx.post(ready_url, content=b"{}", timeout=1)
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"{argv} did not start") from None
+            time.sleep(0.1)
+            continue
+        if proc.poll() is not None:  # it died, and something else answered on its port
+            raise RuntimeError(f"{argv} exited with {proc.returncode}; something else answers {ready_url}")
+        return
 
 
 def peak_rss_mb(pid: int) -> float:

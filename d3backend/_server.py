@@ -12,6 +12,7 @@ The server runs in its own process group, with its caches and temporary files in
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,11 +30,46 @@ class ServerError(RuntimeError):
     """The server did not come up; the message ends with the tail of its log."""
 
 
+_HANDED_OUT: set[int] = set()  # every port `free_port` has returned in this process
+_DRAW = random.SystemRandom()  # not the `random` module's state, which a test runner may seed alike for every test
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel gives outgoing connections (32768 unless configured otherwise)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A loopback TCP port nothing is bound to now, for a server started next. Never one this process has returned
+    before, so that two ports drawn before either server binds differ (two drawn alike once let a benchmark's second
+    upstream fail to bind while the first answered for both). Drawn below the ephemeral range, so that an outgoing
+    connection cannot take it before the server binds; from the kernel's own choice when that range starts too low."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _DRAW.randrange(10_000, low) if low > 11_000 else _bound_port()
+        if port not in _HANDED_OUT and _bindable(port):
+            _HANDED_OUT.add(port)
+            return port
+    raise OSError("no free loopback port found in 200 draws")
+
+
+def _bound_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 class VllmServer:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anthropic
 import httpx
 import openai
 import pytest
 
+from benchmarks import _harness
 from benchmarks._answers import ANSWERS
 from benchmarks._streamrows import timing
 from d3backend import free_port
@@ -113,6 +117,41 @@ def test_a_streamed_target_that_never_streamed_says_what_it_got() -> None:
     assert refused["ttfb p50 ms"] != refused["ttfb p50 ms"] and refused["error statuses"] == {"1": 1}
     fine = timing({"ttfb_ms": [3.0], "gaps_ms": [20.0, 21.0, 19.0], "errors": []})
     assert (fine["chunk gap p50 ms"], fine["chunk gap min ms"], fine["error statuses"]) == (20.0, 19.0, {})
+
+
+def test_a_process_that_died_is_not_ready_because_something_else_answers_its_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A benchmark process that exits (its port taken) while another server answers that port is an error, not a
+    target silently measured on the other server."""
+    started: list[subprocess.Popen[str]] = []
+    popen = subprocess.Popen
+
+    def recorded(*args: Any, **kwargs: Any) -> subprocess.Popen[str]:
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # answers once the process has exited
+            started[0].wait(10)
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.setattr(_harness.subprocess, "Popen", recorded)
+    with http.server.HTTPServer(("127.0.0.1", 0), Other) as other:
+        thread = threading.Thread(target=other.handle_request)
+        thread.start()
+        try:
+            with pytest.raises(RuntimeError, match="exited with 3; something else answers"), _harness.process(
+                [sys.executable, "-c", "raise SystemExit(3)"], f"http://127.0.0.1:{other.server_port}/"
+            ):  # fmt: skip
+                pass
+        finally:
+            thread.join(10)
 
 
 def test_router_benchmark_only_picks_an_api_with_chat_to_compare(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,3 +56,37 @@ def test_argv_and_url(tmp_path: Path) -> None:
     assert server.url == "http://127.0.0.1:8123"
     assert server.argv[:3] == ["py", "-m", "vllm.entrypoints.launchers.api_server.entry"]
     assert server.argv[3:9] == ["--model", "/m", "--served-model-name", "tiny", "--host", "127.0.0.1"]
+
+
+def test_free_ports_drawn_before_any_is_bound_all_differ() -> None:
+    """Two ports drawn before either server binds must differ: drawn alike once, a benchmark's second upstream failed
+    to bind while the first answered for both (the stop-15 CI failure)."""
+    ports = [_server.free_port() for _ in range(3000)]
+    assert len(set(ports)) == len(ports)
+    low = _server._ephemeral_low()
+    assert all(10_000 <= port < low for port in ports)  # where no outgoing connection draws its own port from
+
+
+def test_a_free_port_is_not_one_something_listens_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        free = _server._bound_port()  # nothing on it
+        draws = iter([busy, busy, free])
+        monkeypatch.setattr(_server, "_DRAW", SimpleNamespace(randrange=lambda low, high: next(draws)))
+        monkeypatch.setattr(_server, "_ephemeral_low", lambda: 65_000)
+        monkeypatch.setattr(_server, "_HANDED_OUT", set())
+        assert _server.free_port() == free
+
+
+def test_with_an_ephemeral_range_starting_low_the_kernel_chooses(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_server, "_ephemeral_low", lambda: 1024)
+    monkeypatch.setattr(_server, "_DRAW", SimpleNamespace(randrange=pytest.fail))  # never drawn by hand
+    assert 1024 <= _server.free_port() <= 65535
+
+
+def test_no_free_port_at_all_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_server, "_bindable", lambda port: False)
+    with pytest.raises(OSError, match="no free loopback port found in 200 draws"):
+        _server.free_port()
