@@ -15,8 +15,9 @@ from typing import Any
 
 from benchmarks import _peers
 from benchmarks._apirows import GUARDED, REWRITE, REWRITTEN, api_of, picked
-from benchmarks._harness import Target, interleaved
+from benchmarks._harness import PY, Target, _pin, interleaved, process
 from benchmarks._targets import peer_targets, proxy
+from d3backend import free_port
 
 STREAMING = "streaming: first byte and chunk gaps at c=1"  # the name `--only` picks it by
 
@@ -49,12 +50,16 @@ def streams(
         return interleaved(targets + (peers or []), levels, requests, rounds)
 
 
-def streaming(upstream: str, requests: int, rounds: int, peers: _peers.Peers | None = None) -> dict[str, Any]:
-    """TTFB and inter-chunk gaps at concurrency 1, in turns: directly, through d3router (cache hit), through the bare
-    Starlette pass-through on the same transport and, with `peers`, through nginx and LiteLLM proxy; each one's
-    first byte also as added over the direct one's."""
+def streaming(requests: int, rounds: int, peers: _peers.Peers | None = None) -> dict[str, Any]:
+    """TTFB and inter-chunk gaps at concurrency 1, in turns, from an upstream of its own sending a chunk every 20 ms:
+    directly, through d3router (cache hit), through the bare Starlette pass-through on the same transport and, with
+    `peers`, through nginx and LiteLLM proxy; each one's first byte also as added over the direct one's."""
     calls: dict[str, Any] = {"engine_calls": {}}  # what the proxies print as they stop: not reported here
+    port = free_port()
+    upstream = f"http://127.0.0.1:{port}/v1"
     with ExitStack() as stack:
+        stack.enter_context(process([*_pin(0), PY, "-m", "benchmarks._upstream", str(port), "--gap-ms", "20"],
+                                    f"{upstream}/chat/completions"))  # fmt: skip
         targets = [Target("direct", f"{upstream}/chat/completions", stream=True)]
         for name, spec in (("d3router", ["router"]), ("pass-through", ["passthrough", "--transport", "aiohttp"])):
             targets.append(proxy(stack, name, spec, upstream, calls, stream=True))

@@ -111,12 +111,10 @@ def main() -> None:
     extra: dict[str, Any] = {"engine_calls": {}}
     measured = families()
 
-    up_port, slow_port = free_port(), free_port()
+    up_port = free_port()
     upstream = f"http://127.0.0.1:{up_port}/v1"
-    slow = f"http://127.0.0.1:{slow_port}/v1"
     with process([*_pin(0), PY, "-m", "benchmarks._upstream", str(up_port)], f"{upstream}/chat/completions"), \
-            process([*_pin(0), PY, "-m", "benchmarks._upstream", str(slow_port), "--gap-ms", "20"],
-                    f"{slow}/chat/completions"), ExitStack() as peer_stack:  # fmt: skip
+            ExitStack() as peer_stack:  # fmt: skip
         plain_peers = peer_targets(peer_stack, peers, upstream) if peers else []
         stream_peers = peer_targets(peer_stack, peers, upstream, stream=True) if peers else []
         multiproc = work / "metrics"
@@ -140,7 +138,7 @@ def main() -> None:
         for family in measured:  # benchmarks/_families.py: each in turns of its own
             rows += family.rows(run)
         if picked(args.only, STREAMING):  # the c=1 first byte and chunk gaps: with no `--only`, or asked by name
-            extra["streaming"] = streaming(slow, requests // 10 or 10, rounds, peers)
+            extra["streaming"] = streaming(requests // 10 or 10, rounds, peers)
         if args.only and picked(args.only, "answer guard, 2,000-token stream"):  # asked by name only: ~1 min
             from benchmarks import _answerrows  # (only when asked: it builds its own upstream)
 
