@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -121,7 +122,13 @@ def _reap(before: set[multiprocessing.process.BaseProcess], timeout_s: float = 1
     """Wait for the processes started since `before` to exit (vLLM signals them), killing any that linger."""
     for process in set(multiprocessing.active_children()) - before:
         process.join(timeout_s)
-        if process.is_alive():
+        if process.is_alive() and not exited(process):
             logger.warning("killing vLLM's process %s (pid %s), still alive after shutdown", process.name, process.pid)
             process.kill()
             process.join(timeout_s)
+
+
+def exited(process: multiprocessing.process.BaseProcess) -> bool:
+    """Whether the process has ended, even when something else reaped it first: `is_alive()` then stays true
+    (`waitpid` fails with ECHILD), but the sentinel pipe, closed when the process ends, says it is gone."""
+    return bool(multiprocessing.connection.wait([process.sentinel], timeout=0))
