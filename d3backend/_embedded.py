@@ -122,7 +122,7 @@ def _reap(before: set[multiprocessing.process.BaseProcess], timeout_s: float = 1
     """Wait for the processes started since `before` to exit (vLLM signals them), killing any that linger."""
     for process in set(multiprocessing.active_children()) - before:
         process.join(timeout_s)
-        if process.is_alive() and not exited(process):
+        if not exited(process):  # not `is_alive()`: it stays true once another waiter reaped the process
             logger.warning("killing vLLM's process %s (pid %s), still alive after shutdown", process.name, process.pid)
             process.kill()
             process.join(timeout_s)
