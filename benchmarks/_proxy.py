@@ -205,9 +205,11 @@ def bench_config(upstream: str, sessions: str | None = None, policy: str = "ques
     return f"server: {{redis: {json.dumps(sessions)}, sessions: {{salt_env: {SALT_ENV}}}}}\n{text}"
 
 
-def requests_total(exposition: str, name: str = "d3router_requests") -> int:
+def requests_total(exposition: str, name: str = "d3router_requests", status: str = "") -> int:
+    """The family `name`'s total; for `status` ("2": 2xx), only the samples whose status label starts with it."""
     return int(sum(sample.value for family in text_string_to_metric_families(exposition)
-                   if family.name == name for sample in family.samples))  # fmt: skip
+                   if family.name == name for sample in family.samples
+                   if sample.labels.get("status", "").startswith(status)))  # fmt: skip
 
 
 async def serve_granian(app: Any, host: str, port: int, **_: Any) -> int:
@@ -279,6 +281,7 @@ async def serve(
     counting = engine.engine if isinstance(engine, CachedEngine) else engine
     exposition = app.service.metrics.render()
     counts: dict[str, Any] = {"engine_calls": counting.calls, "decided_requests": requests_total(exposition)}
+    counts["answered_requests"] = requests_total(exposition, status="2")  # not refused (a key's limits were asked)
     counts["upstream_tokens"] = requests_total(exposition, "d3router_upstream_tokens")  # benchmarks/_usagerows.py
     if auth == "budget":  # which budgets counted (in Redis or in process)
         counts["budgets"] = type(app.budgets).__name__

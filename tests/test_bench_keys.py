@@ -107,7 +107,11 @@ def test_the_key_rows_run_with_no_errors(tmp_path: Path) -> None:
     limiters = {name: extra["engine_calls"][name].get("limiter") for name in _keyrows.ROWS}
     assert limiters == {_keyrows.OFF: None, _keyrows.KEYS: "Limiter", _keyrows.RATE: "Limiter",
                         _keyrows.REDIS: "RedisLimiter"}  # fmt: skip
-    assert extra["engine_calls"][_keyrows.REDIS]["redis_fallbacks"] == 0  # every limit was kept in Redis
+    # Redis kept the limits: a limiter that never reached it would fall back for every request it let through. Not
+    # none: one call slower than the 50 ms timeout on a loaded machine opens the breaker, and the process counts
+    # alone for a second. (Requests refused before the limits, such as the start's keyless check, do not count.)
+    redis_row = extra["engine_calls"][_keyrows.REDIS]
+    assert redis_row["redis_fallbacks"] < redis_row["answered_requests"], redis_row
     assert "streaming" not in extra  # the c=1 streaming section is not asked for by `--only "d3router auth"`
     assert set(extra["keys"]) == {f"keys: {name}" for name in (_keyrows.KEYS, _keyrows.RATE, _keyrows.REDIS)}
     costs = extra["key costs"]  # the checks measured alone, in microseconds
