@@ -71,7 +71,7 @@ def test_the_usage_rows_run_and_count_what_they_say(tmp_path: Path) -> None:
             assert calls[prefix + name]["upstream_tokens"] > 0, prefix + name  # streams: the asked usage chunk
         assert calls[prefix + _usagerows.REDIS]["budgets"] == "RedisBudgets"
         redis_row = calls[prefix + _usagerows.REDIS]  # Redis kept the budgets: fewer fallbacks than requests (see
-        assert redis_row["redis_fallbacks"] < redis_row["decided_requests"], redis_row  # test_bench_keys.py)
+        assert redis_row["redis_fallbacks"] < redis_row["answered_requests"], redis_row  # test_bench_keys.py)
         assert calls[prefix + _usagerows.BUDGET]["budgets"] == "Budgets"
     summary = json.loads((tmp_path / "router-extra.json").read_text())["usage"]
     assert set(summary) == {f"usage: {p}{n}" for p in ("", "stream, ") for n in (_usagerows.ON, _usagerows.BUDGET,
